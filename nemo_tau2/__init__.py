@@ -1,0 +1,17 @@
+"""nemo-tau2: tau2-bench as a NeMo-Gym environment, with multi-turn rollouts, evaluation and GRPO.
+
+Importing this package makes tau2 safe to use offline: litellm (pulled in by parts of tau2) must read its
+bundled model cost map instead of fetching one from the network, and tau2's loguru output is routed into
+the standard `logging` module (logger name ``tau2``) so applications control it like any other library log.
+"""
+
+import os
+
+# Must be set before anything imports litellm (tau2.registry, tau2.agent, tau2.user do): no network at run time.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from nemo_tau2._logging import route_tau2_logs  # noqa: E402
+
+route_tau2_logs()
+
+__version__ = "0.1.0"
