@@ -1,0 +1,246 @@
+"""tau2-bench as a NeMo-Gym resources server: isolated per-episode tau2 environments, tool routes, tau2's reward.
+
+Protocol (NeMo-Gym cookies identify the episode, as in every stateful Gym resources server):
+
+- ``POST /seed_session`` with ``domain`` and ``task_id`` (the whole Gym row may be posted): a fresh environment
+  with the task's initial state; answers with what the agent needs to simulate the user (tau2's user system prompt
+  and, in telecom, the user's device tools).
+- ``POST /{tool_name}``: an agent tool call; the body is the arguments object. ``POST /user_tools/{tool_name}``:
+  a simulated user's device tool (telecom), never listed to the policy. The body of the answer is exactly the tool
+  message tau2 would produce (``Error: ...`` for any failure, as tau2 phrases it, so the episode continues); the
+  ``X-Tau2-Tool-Error`` header says whether it counts as a tool error (tau2's ``max_errors`` limit).
+- ``POST /verify``: tau2's reward for the episode (see :mod:`nemo_tau2.tau2_env.reward`) with partial-credit
+  components; ends the session.
+
+Protocol misuse (no live session, unknown domain/task, malformed JSON, oversized body) gets a 4xx naming the problem.
+"""
+
+import json
+import logging
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request, Response
+from nemo_gym.base_resources_server import (
+    BaseResourcesServerConfig,
+    BaseSeedSessionRequest,
+    BaseSeedSessionResponse,
+    BaseVerifyRequest,
+    BaseVerifyResponse,
+    SimpleResourcesServer,
+)
+from nemo_gym.server_utils import SESSION_ID_KEY
+from pydantic import ConfigDict, Field, PrivateAttr, field_validator
+
+from nemo_tau2.gym.body_limit import BodySizeLimitMiddleware
+from nemo_tau2.gym.resources_server.sessions import SessionStore, TooManySessionsError
+from nemo_tau2.tau2_env import domains, prompts
+from nemo_tau2.tau2_env.episode import Episode, Requestor
+from nemo_tau2.tau2_env.reward import NLAssertionsNotEvaluatedError, evaluate_episode
+
+logger = logging.getLogger(__name__)
+
+TOOL_ERROR_HEADER = "X-Tau2-Tool-Error"
+ASSUMED_TERMINATION = "agent_stop"
+
+
+class Tau2ResourcesServerConfig(BaseResourcesServerConfig):
+    domains: list[str] = Field(
+        default=["airline", "retail", "telecom"],
+        description="Domains whose data is loaded at start-up (others load on first use).",
+    )
+    session_idle_timeout_s: float = Field(
+        default=1800.0, gt=0, description="A session untouched this long is dropped (its episode never verified)."
+    )
+    max_live_sessions: int = Field(default=16384, gt=0, description="Seeding beyond this many live sessions is a 503.")
+    max_request_bytes: int = Field(default=16 * 1024 * 1024, gt=0, description="Larger request bodies get a 413.")
+
+    @field_validator("domains")
+    @classmethod
+    def _known_domains(cls, value: list[str]) -> list[str]:
+        for domain in value:
+            domains.check_domain(domain)
+        return value
+
+
+class Tau2SeedSessionRequest(BaseSeedSessionRequest):
+    model_config = ConfigDict(extra="allow")  # NeMo-Gym agents post the whole dataset row
+
+    domain: str
+    task_id: str
+
+    @field_validator("task_id", mode="before")
+    @classmethod
+    def _task_id_as_text(cls, value: Any) -> Any:
+        return str(value) if isinstance(value, int) else value
+
+
+class Tau2SeedSessionResponse(BaseSeedSessionResponse):
+    domain: str
+    task_id: str
+    user_system_prompt: str = Field(description="tau2's user-simulator system prompt for this task.")
+    user_tools: list[dict] = Field(description="The simulated user's tools (Responses API format); may be empty.")
+    reward_basis: list[str] = Field(description="What tau2 multiplies into this task's reward.")
+
+
+class Tau2VerifyRequest(BaseVerifyRequest):
+    model_config = ConfigDict(extra="allow")
+
+    termination_reason: str | None = Field(
+        default=None,
+        description="tau2 termination reason of the episode. Absent (e.g. NeMo-Gym's simple_agent, which ends when "
+        "the model answers with text): treated as agent_stop, and the response says so.",
+    )
+
+
+class Tau2VerifyResponse(BaseVerifyResponse):
+    model_config = ConfigDict(extra="allow")
+
+    domain: str
+    task_id: str
+    success: bool
+    termination_reason: str
+    db_match: bool | None
+    action_match_fraction: float | None
+    write_action_match_fraction: float | None
+    env_assertion_fraction: float | None
+    communicate_fraction: float | None
+    num_tool_calls: int
+    num_tool_errors: int
+    reward_info: dict[str, Any]
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part.get("text") or "" for part in content if isinstance(part, dict))
+    return ""
+
+
+def assistant_texts(items: list[Any]) -> list[str]:
+    """The text of every assistant message among Responses input/output items (what tau2's COMMUNICATE reads)."""
+    texts = []
+    for item in items:
+        if isinstance(item, dict) and item.get("role") == "assistant" and item.get("type", "message") == "message":
+            text = _text_of(item.get("content"))
+            if text.strip():
+                texts.append(text)
+    return texts
+
+
+class Tau2ResourcesServer(SimpleResourcesServer):
+    config: Tau2ResourcesServerConfig
+    _sessions: SessionStore = PrivateAttr()
+
+    def model_post_init(self, context: Any) -> None:
+        self._sessions = SessionStore(self.config.session_idle_timeout_s, self.config.max_live_sessions)
+        return super().model_post_init(context)
+
+    def setup_webserver(self) -> FastAPI:
+        for domain in self.config.domains:  # load data now rather than inside the first episode
+            domains.snapshot_databases(domain)
+            domains.task_splits(domain)
+            domains.get_task(domain, domains.task_splits(domain)["base"][0])
+            prompts.user_system_prompt(domain, domains.task_splits(domain)["base"][0])
+        app = super().setup_webserver()
+        app.add_middleware(BodySizeLimitMiddleware, max_bytes=self.config.max_request_bytes)
+        app.get("/session_stats")(self.session_stats)
+        app.post("/user_tools/{tool_name}")(self.user_tool)
+        app.post("/{tool_name}")(self.agent_tool)
+        return app
+
+    async def seed_session(self, request: Request, body: Tau2SeedSessionRequest) -> Tau2SeedSessionResponse:
+        try:
+            episode = Episode.start(body.domain, body.task_id)
+        except (domains.UnknownDomainError, domains.UnknownTaskError) as e:
+            raise HTTPException(status_code=404, detail=str(e)) from e
+        try:
+            self._sessions.put(request.session[SESSION_ID_KEY], episode)
+        except TooManySessionsError as e:
+            raise HTTPException(status_code=503, detail=str(e)) from e
+        criteria = episode.task.evaluation_criteria
+        return Tau2SeedSessionResponse(
+            domain=body.domain,
+            task_id=body.task_id,
+            user_system_prompt=prompts.user_system_prompt(body.domain, body.task_id),
+            user_tools=domains.responses_tool_schemas(body.domain, side="user"),
+            reward_basis=[basis.value for basis in criteria.reward_basis] if criteria else [],
+        )
+
+    def _no_session(self) -> HTTPException:
+        return HTTPException(
+            status_code=404,
+            detail="no live tau2 session for this cookie: call /seed_session first (a session ends at /verify "
+            f"or after {self.config.session_idle_timeout_s:g} s without requests)",
+        )
+
+    def _live_episode(self, request: Request) -> Episode:
+        episode = self._sessions.get(request.session.get(SESSION_ID_KEY))
+        if episode is None:
+            raise self._no_session()
+        return episode
+
+    async def _tool_call(self, request: Request, tool_name: str, requestor: Requestor) -> Response:
+        episode = self._live_episode(request)
+        raw = await request.body()
+        try:
+            arguments = json.loads(raw) if raw.strip() else {}
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise HTTPException(status_code=400, detail=f"tool call body is not valid JSON: {e}") from e
+        if isinstance(arguments, dict):
+            call_id = request.headers.get("X-Tool-Call-Id", "")
+            message = episode.call_tool(tool_name, arguments, requestor=requestor, call_id=call_id)
+        else:
+            message = episode.record_failed_call(
+                tool_name, requestor, f"Tool arguments must be a JSON object, got {type(arguments).__name__}."
+            )
+        return Response(
+            content=message.content or "",
+            media_type="text/plain; charset=utf-8",
+            headers={TOOL_ERROR_HEADER: "1" if message.error else "0"},
+        )
+
+    async def agent_tool(self, request: Request, tool_name: str) -> Response:
+        return await self._tool_call(request, tool_name, "assistant")
+
+    async def user_tool(self, request: Request, tool_name: str) -> Response:
+        return await self._tool_call(request, tool_name, "user")
+
+    async def verify(self, request: Request, body: Tau2VerifyRequest) -> Tau2VerifyResponse:
+        episode = self._sessions.pop(request.session.get(SESSION_ID_KEY))
+        if episode is None:
+            raise self._no_session()
+        termination_reason = body.termination_reason or ASSUMED_TERMINATION
+        items = body.responses_create_params.model_dump().get("input") or []
+        items = (items if isinstance(items, list) else []) + body.response.model_dump()["output"]
+        try:
+            result = evaluate_episode(episode, assistant_texts(items), termination_reason)
+        except (NLAssertionsNotEvaluatedError, ValueError) as e:
+            raise HTTPException(status_code=400, detail=str(e)) from e
+        reward_info = result.reward_info.model_dump(mode="json")
+        if body.termination_reason is None:
+            reward_info["termination_reason_note"] = (
+                f"no termination_reason in the verify request; assumed {ASSUMED_TERMINATION}"
+            )
+        return Tau2VerifyResponse.model_validate(
+            body.model_dump()
+            | result.components()
+            | {
+                "reward": result.reward,
+                "domain": episode.domain,
+                "task_id": episode.task.id,
+                "success": result.success,
+                "termination_reason": termination_reason,
+                "num_tool_calls": len(episode.tool_log),
+                "num_tool_errors": episode.num_tool_errors,
+                "reward_info": reward_info,
+            }
+        )
+
+    async def session_stats(self) -> dict[str, int]:
+        self._sessions.evict_idle()
+        return {"live_sessions": len(self._sessions), "evicted_idle_sessions": self._sessions.evicted_idle}
+
+
+if __name__ == "__main__":
+    Tau2ResourcesServer.run_webserver()

@@ -1,0 +1,90 @@
+"""Run NeMo-Gym servers from a NeMo-Gym global config, in this project's environment, without Ray.
+
+``gym env start`` (and NeMo-RL's Gym actor) start each server as ``python app.py`` in a per-server virtualenv and
+call ``SimpleServer.run_webserver()``, which also joins or starts a Ray cluster. Our servers keep working that way
+(each ``app.py`` ends with ``run_webserver()``); this module is the lighter path nemo-tau2's own launcher uses:
+the same global config dict (instances keyed by name, ``<server_type>: <impl>: {host, port, ...}``), the same
+server classes and FastAPI apps, served by uvicorn in a subprocess of the project's environment.
+
+Run one instance: ``NEMO_GYM_CONFIG_DICT=<yaml> python -m nemo_tau2.gym.serving <instance_name> <module:Class>``.
+"""
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+logger = logging.getLogger(__name__)
+
+CONFIG_DICT_ENV = "NEMO_GYM_CONFIG_DICT"  # nemo_gym.global_config.NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME
+CONFIG_PATH_ENV = "NEMO_GYM_CONFIG_PATH"
+
+
+def instance_config(global_config: DictConfig, instance_name: str) -> dict[str, Any]:
+    """The flat config of one instance (the dict under ``<name>.<server_type>.<impl>``), plus its name."""
+    if instance_name not in global_config:
+        raise KeyError(f"no server instance {instance_name!r} in the config; instances: {list(global_config)}")
+    (server_type_block,) = global_config[instance_name].values()
+    (impl_block,) = server_type_block.values()
+    return OmegaConf.to_container(impl_block, resolve=True) | {"name": instance_name}
+
+
+def build_server(server_class: type, instance_name: str, global_config: DictConfig):
+    """Construct a NeMo-Gym server object the way ``run_webserver`` does, minus Ray."""
+    from nemo_gym.config_types import BaseServerConfig
+    from nemo_gym.server_utils import ServerClient
+
+    config_class = server_class.model_fields["config"].annotation
+    config = config_class.model_validate(instance_config(global_config, instance_name))
+    head = global_config.get("head_server") or {"host": "127.0.0.1", "port": 0}
+    client = ServerClient(
+        head_server_config=BaseServerConfig(host=head["host"], port=head["port"]), global_config_dict=global_config
+    )
+    return server_class(config=config, server_client=client)
+
+
+def build_app(server):
+    """The server's FastAPI app with the liveness route and NeMo-Gym's exception middleware."""
+    app = server.setup_webserver()
+    server.setup_liveness(app)
+    server.setup_exception_middleware(app)
+    return app
+
+
+def load_class(path: str) -> type:
+    module_name, _, class_name = path.partition(":")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("instance_name")
+    parser.add_argument("server_class", help="module:Class of a NeMo-Gym SimpleServer subclass")
+    parser.add_argument("--log-level", default="warning")
+    args = parser.parse_args(argv)
+    if CONFIG_DICT_ENV not in os.environ:
+        sys.exit(f"{CONFIG_DICT_ENV} is not set: this module is started by nemo_tau2.gym.launch with the config")
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    os.environ[CONFIG_PATH_ENV] = args.instance_name
+    global_config = OmegaConf.create(os.environ[CONFIG_DICT_ENV])
+    server = build_server(load_class(args.server_class), args.instance_name, global_config)
+    app = build_app(server)
+    import uvicorn
+
+    config = instance_config(global_config, args.instance_name)
+    uvicorn.run(
+        app,
+        host=config["host"],
+        port=config["port"],
+        log_level=args.log_level,
+        timeout_graceful_shutdown=1,
+        timeout_keep_alive=30,
+    )
+
+
+if __name__ == "__main__":
+    main()
