@@ -20,14 +20,15 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from numbers import Integral, Real
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 
 logger = logging.getLogger(__name__)
 
 EpisodeStatus = Literal["ok", "infrastructure_error"]
-EPISODE_STATUSES: tuple[str, ...] = ("ok", "infrastructure_error")
+EPISODE_STATUSES: tuple[str, ...] = get_args(EpisodeStatus)
+INFRASTRUCTURE_ERROR = "infrastructure_error"
 OVERALL, MACRO = "overall", "macro"
 DOMAIN_ORDER = ("airline", "retail", "telecom")
 
@@ -105,7 +106,7 @@ class EpisodeRecord:
         where = f"episode of task {self.domain}/{self.task_id}"
         if self.status not in EPISODE_STATUSES:
             raise ValueError(f"{where}: status must be one of {EPISODE_STATUSES}, got {self.status!r}")
-        if self.status == "infrastructure_error":
+        if self.status == INFRASTRUCTURE_ERROR:
             return
         if not isinstance(self.success, bool | np.bool_):
             raise TypeError(
@@ -160,7 +161,7 @@ def aggregate_tasks(records: Iterable[EpisodeRecord]) -> list[TaskResult]:
     tasks: dict[tuple[str, str], TaskResult] = {}
     for record in records:
         task = tasks.setdefault((record.domain, record.task_id), TaskResult(record.domain, record.task_id))
-        if record.status == "infrastructure_error":
+        if record.status == INFRASTRUCTURE_ERROR:
             task.num_infra_errors += 1
             continue
         task.num_episodes += 1
