@@ -1,0 +1,228 @@
+"""Clipped policy-gradient loss (PPO / GRPO) with optional reference KL and generator importance correction.
+
+Per policy-generated token t (all tensors in the same next-token frame, see ``clipped_pg_loss``):
+
+    r_t    = exp(log pi_theta(a_t) - log pi_old(a_t))                         probability ratio
+    L^PG_t = max(-A_t r_t, -A_t clip(r_t, 1 - ratio_clip_min, 1 + ratio_clip_max))
+    L^PG_t = min(L^PG_t, -c A_t)   where A_t < 0, if ratio_clip_c = c is set    (dual clip)
+    w_t    = exp(log pi_old(a_t) - log pi_gen(a_t)), detached                 (if use_importance_sampling_correction)
+    L_t    = w_t L^PG_t + beta w_t KL_t(pi_theta || pi_ref)                     (beta = reference_policy_kl_penalty)
+
+and the loss is the mean of L_t over every valid token of the batch (``token_level_loss``) or the mean over
+sequences of each sequence's token mean. Minimising it maximises the clipped surrogate
+E[min(r A, clip(r) A)] - beta KL.
+
+References: PPO https://arxiv.org/abs/1707.06347; GRPO https://arxiv.org/abs/2402.03300; asymmetric clip
+(DAPO) https://arxiv.org/abs/2503.14476; dual clip https://arxiv.org/abs/1912.09729; KL estimators k1/k2/k3
+http://joschu.net/blog/kl-approx.html. Config keys and semantics follow NeMo-RL's ``ClippedPGLossFn``.
+
+``pi_old`` (``prev_logprobs``) is the trainer's view of the sampling policy; ``pi_gen``
+(``generation_logprobs``) is what the generator (vLLM, llama.cpp, ...) reported. They differ through numerics
+or staleness; the importance weight corrects for it.
+"""
+
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+KLType = Literal["k1", "k2", "k3"]
+
+
+class ClippedPGLossConfig(BaseModel):
+    """NeMo-RL ``loss_fn`` keys for the clipped policy-gradient loss (same defaults)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ratio_clip_min: float = Field(default=0.2, ge=0.0, lt=1.0, description="Ratio clipped below at 1 - this.")
+    ratio_clip_max: float = Field(default=0.2, ge=0.0, description="Ratio clipped above at 1 + this.")
+    ratio_clip_c: float | None = Field(
+        default=None, gt=1.0, description="Dual-clip bound c > 1 on the loss of negative-advantage tokens; None = off."
+    )
+    reference_policy_kl_penalty: float = Field(default=0.01, ge=0.0, description="beta; 0 disables the KL term.")
+    reference_policy_kl_type: KLType = "k3"
+    kl_input_clamp_value: float | None = Field(default=20.0, gt=0.0, description="Clamp on log(pi_ref / pi_theta).")
+    kl_output_clamp_value: float | None = Field(default=10.0, gt=0.0, description="Clamp on the per-token KL.")
+    token_level_loss: bool = Field(
+        default=True, description="Mean over all valid tokens of the batch; False = mean of per-sequence means."
+    )
+    use_importance_sampling_correction: bool = Field(
+        default=False, description="Weight tokens by pi_old / pi_gen (trainer vs generator logprobs)."
+    )
+
+
+def calculate_kl(
+    logprobs: torch.Tensor,
+    reference_logprobs: torch.Tensor,
+    kl_type: KLType = "k3",
+    input_clamp_value: float | None = 20.0,
+    output_clamp_value: float | None = 10.0,
+) -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from sampled tokens (Schulman 2020), shape of the inputs.
+
+    With ``x = log pi_ref - log pi`` (clamped to ``+-input_clamp_value``): k1 = -x, k2 = x^2 / 2,
+    k3 = exp(x) - 1 - x; the result is clamped to ``+-output_clamp_value``.
+    """
+    x = reference_logprobs - logprobs
+    if input_clamp_value is not None:
+        x = x.clamp(-input_clamp_value, input_clamp_value)
+    if kl_type == "k1":
+        kl = -x
+    elif kl_type == "k2":
+        kl = x.square() / 2
+    elif kl_type == "k3":
+        kl = torch.exp(x) - 1 - x
+    else:
+        raise ValueError(f"reference_policy_kl_type must be one of k1, k2, k3, got {kl_type!r}")
+    if output_clamp_value is not None:
+        kl = kl.clamp(-output_clamp_value, output_clamp_value)
+    return kl
+
+
+def _check_shapes(named: dict[str, torch.Tensor | None], advantages: torch.Tensor, sample_mask: torch.Tensor) -> None:
+    shape = named["curr_logprobs"].shape
+    if len(shape) != 2:
+        raise ValueError(f"curr_logprobs must have shape [B, T], got {tuple(shape)}")
+    for name, tensor in named.items():
+        if tensor is not None and tensor.shape != shape:
+            raise ValueError(f"{name} must have shape {tuple(shape)} like curr_logprobs, got {tuple(tensor.shape)}")
+    if advantages.shape not in (shape, shape[:1]):
+        raise ValueError(f"advantages must have shape [B] or [B, T] = {tuple(shape)}, got {tuple(advantages.shape)}")
+    if sample_mask.shape != shape[:1]:
+        raise ValueError(f"sample_mask must have shape [B] = {tuple(shape[:1])}, got {tuple(sample_mask.shape)}")
+
+
+def _masked_stats(values: torch.Tensor, mask: torch.Tensor) -> tuple[float, float, float]:
+    selected = values[mask.bool()]
+    if selected.numel() == 0:
+        return float("nan"), float("nan"), float("nan")
+    return selected.mean().item(), selected.min().item(), selected.max().item()
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Exact per-token entropy ``[B, T]`` of the categorical distributions given by ``logits [B, T, V]``."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(dim=-1)
+
+
+def clipped_pg_loss(
+    cfg: ClippedPGLossConfig,
+    *,
+    curr_logprobs: torch.Tensor,
+    prev_logprobs: torch.Tensor,
+    generation_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    token_mask: torch.Tensor,
+    sample_mask: torch.Tensor,
+    reference_logprobs: torch.Tensor | None = None,
+    logits: torch.Tensor | None = None,
+    global_valid_tokens: float | None = None,
+    global_valid_seqs: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The clipped policy-gradient loss of the module docstring, and diagnostics.
+
+    Position t of every ``[B, T]`` tensor refers to the same token: ``*_logprobs[b, t]`` is the log-probability
+    of token t of sequence b under that policy.
+
+    Args:
+        cfg: Loss settings.
+        curr_logprobs: ``[B, T]`` under the policy being trained (carries the gradient).
+        prev_logprobs: ``[B, T]`` under the sampling policy, computed by the trainer.
+        generation_logprobs: ``[B, T]`` reported by the generator when it sampled the tokens.
+        advantages: ``[B]`` (one per episode) or ``[B, T]``.
+        token_mask: ``[B, T]`` 1 on policy-generated tokens only (prompt, user and tool tokens are 0).
+        sample_mask: ``[B]`` 0 removes a whole episode from the loss (e.g. overlong filtering).
+        reference_logprobs: ``[B, T]`` under the reference policy; required when the KL penalty is on.
+        logits: ``[B, T, V]`` of the current policy, for the exact entropy metric only.
+        global_valid_tokens: Token-level normaliser when the batch is one microbatch of a larger one
+            (the count of valid tokens in the whole batch); defaults to this batch's count.
+        global_valid_seqs: Sequence-level normaliser, likewise (valid sequences in the whole batch).
+
+    Returns:
+        ``(loss, metrics)``: the scalar loss to minimise and float metrics (``loss``, ``pg_loss``,
+        ``kl_penalty``, ``clip_fraction``, ``dual_clip_fraction``, ``approx_kl``, ``probs_ratio_{mean,min,max}``,
+        ``importance_weight_{mean,min,max}``, ``token_mult_prob_error``, ``num_valid_tokens``,
+        ``num_valid_samples``, and ``entropy`` when logits are given) over this batch's valid tokens.
+    """
+    named = {
+        "curr_logprobs": curr_logprobs,
+        "prev_logprobs": prev_logprobs,
+        "generation_logprobs": generation_logprobs,
+        "token_mask": token_mask,
+        "reference_logprobs": reference_logprobs,
+    }
+    _check_shapes(named, advantages, sample_mask)
+    beta = cfg.reference_policy_kl_penalty
+    if beta > 0 and reference_logprobs is None:
+        raise ValueError("reference_logprobs are required when reference_policy_kl_penalty > 0")
+
+    mask = token_mask.float() * sample_mask.float().unsqueeze(-1)
+    tokens_per_seq = mask.sum(dim=-1)
+    valid_seqs = (tokens_per_seq > 0).float()
+
+    def on_valid(tensor: torch.Tensor) -> torch.Tensor:
+        # Padding and prompt positions may hold -inf or floor values; zero them so that neither the loss nor
+        # its gradient can pick up inf * 0 = nan there.
+        return torch.where(mask > 0, tensor.float(), 0.0)
+
+    curr = on_valid(curr_logprobs)
+    prev, gen = on_valid(prev_logprobs).detach(), on_valid(generation_logprobs).detach()
+    adv = on_valid((advantages if advantages.ndim == 2 else advantages.unsqueeze(-1)).expand_as(curr_logprobs))
+
+    ratio = torch.exp(curr - prev)
+    clipped_ratio = ratio.clamp(1 - cfg.ratio_clip_min, 1 + cfg.ratio_clip_max)
+    pg = torch.maximum(-adv * ratio, -adv * clipped_ratio)
+    dual_clipped = torch.zeros_like(mask, dtype=torch.bool)
+    if cfg.ratio_clip_c is not None:
+        dual_bound = -adv * cfg.ratio_clip_c
+        dual_clipped = (adv < 0) & (pg > dual_bound)
+        pg = torch.where(dual_clipped, dual_bound, pg)
+
+    is_weight = torch.nan_to_num(torch.exp(prev - gen), nan=0.0, posinf=0.0, neginf=0.0)
+    weight = is_weight if cfg.use_importance_sampling_correction else torch.ones_like(is_weight)
+    kl = torch.zeros_like(curr)
+    if beta > 0:
+        kl = calculate_kl(
+            curr, on_valid(reference_logprobs).detach(), cfg.reference_policy_kl_type,
+            cfg.kl_input_clamp_value, cfg.kl_output_clamp_value,
+        )  # fmt: skip
+
+    def reduce(per_token: torch.Tensor) -> torch.Tensor:
+        if cfg.token_level_loss:
+            total = global_valid_tokens if global_valid_tokens is not None else mask.sum().clamp(min=1)
+            return (per_token * mask).sum() / total
+        per_seq = (per_token * mask).sum(dim=-1) / tokens_per_seq.clamp(min=1)
+        total = global_valid_seqs if global_valid_seqs is not None else valid_seqs.sum().clamp(min=1)
+        return (per_seq * valid_seqs).sum() / total
+
+    pg_loss = reduce(weight * pg)
+    kl_loss = reduce(weight * kl)
+    loss = pg_loss + beta * kl_loss
+
+    with torch.no_grad():
+        num_tokens = mask.sum().clamp(min=1)
+        outside = (ratio < 1 - cfg.ratio_clip_min) | (ratio > 1 + cfg.ratio_clip_max)
+        ratio_stats = _masked_stats(ratio, mask)
+        weight_stats = _masked_stats(is_weight, mask)
+        metrics = {
+            "loss": loss.item(),
+            "pg_loss": pg_loss.item(),
+            "kl_penalty": ((kl * mask).sum() / num_tokens).item(),
+            "clip_fraction": ((outside.float() * mask).sum() / num_tokens).item(),
+            "dual_clip_fraction": ((dual_clipped.float() * mask).sum() / num_tokens).item(),
+            "approx_kl": ((((ratio - 1) - (curr - prev)) * mask).sum() / num_tokens).item(),
+            "probs_ratio_mean": ratio_stats[0],
+            "probs_ratio_min": ratio_stats[1],
+            "probs_ratio_max": ratio_stats[2],
+            "importance_weight_mean": weight_stats[0],
+            "importance_weight_min": weight_stats[1],
+            "importance_weight_max": weight_stats[2],
+            "token_mult_prob_error": ((torch.exp((gen - prev).abs()) * mask).sum() / num_tokens).item(),
+            "num_valid_tokens": mask.sum().item(),
+            "num_valid_samples": valid_seqs.sum().item(),
+        }
+        if logits is not None:
+            if logits.shape[:2] != curr.shape:
+                raise ValueError(f"logits must have shape [B, T, V] with [B, T] = {tuple(curr.shape)}")
+            metrics["entropy"] = ((entropy_from_logits(logits) * mask).sum() / num_tokens).item()
+    return loss, metrics
