@@ -89,6 +89,9 @@ class GymServers:
         (instance,) = block.values()
         return f"http://{instance.host}:{instance.port}"
 
+    def pid(self, name: str) -> int:
+        return self._processes[name].pid
+
     def log_path(self, name: str) -> Path:
         return self.log_dir / f"{name}.log"
 

@@ -32,6 +32,7 @@ from nemo_gym.server_utils import SESSION_ID_KEY
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator
 
 from nemo_tau2.gym.body_limit import BodySizeLimitMiddleware
+from nemo_tau2.gym.fast_middleware import FastMiddlewareMixin
 from nemo_tau2.gym.resources_server.sessions import SessionStore, TooManySessionsError
 from nemo_tau2.tau2_env import domains, prompts
 from nemo_tau2.tau2_env.episode import Episode, Requestor
@@ -128,7 +129,7 @@ def assistant_texts(items: list[Any]) -> list[str]:
     return texts
 
 
-class Tau2ResourcesServer(SimpleResourcesServer):
+class Tau2ResourcesServer(FastMiddlewareMixin, SimpleResourcesServer):
     config: Tau2ResourcesServerConfig
     _sessions: SessionStore = PrivateAttr()
 
