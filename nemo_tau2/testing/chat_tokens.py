@@ -1,0 +1,198 @@
+"""The fake server's tokenizer and chat template: byte-level, deterministic and prefix-consistent by design.
+
+Vocabulary: ids 0-255 are the UTF-8 bytes; :data:`SPECIAL_TOKENS` adds one id per role marker, ``<|tools|>`` and
+``<|end|>``, and :data:`ALT_SPACE_ID`, a second token for ``" "`` that only token-inconsistent scripts emit.
+
+Template: the tools (if any, as sorted compact JSON) then every message, each rendered as
+``<|role|> + bytes(text) + <|end|>``; ``add_generation_prompt`` appends ``<|assistant|>``. An assistant message's text
+is its content followed by one ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` block per call, with the
+arguments string copied verbatim (:func:`assistant_text`). A generation is ``bytes(text) + <|end|>``, so the
+rendering of turn *t* in the history is exactly ``<|assistant|>`` + the ids generated at turn *t*, and the prompt of
+turn *t + 1* starts with prompt(*t*) + generation(*t*).
+
+Prefix correction (NeMo-RL's vLLM server, see ``vllm_surface.md``): when the last assistant message that carries
+``prompt_token_ids`` and ``generation_token_ids`` is found, the prompt is those ids followed by the rendering of the
+messages after it, instead of a re-rendering of the whole history.
+"""
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import orjson
+
+SPECIAL_TOKENS = {
+    "<|system|>": 256,
+    "<|developer|>": 257,
+    "<|user|>": 258,
+    "<|assistant|>": 259,
+    "<|tool|>": 260,
+    "<|tools|>": 261,
+    "<|end|>": 262,
+}
+#: Decodes to ``" "`` but the template never produces it: a token-inconsistent script's generations use it for
+#: every space, so re-rendering its turns in the history gives different ids (as a BPE merge can in real models).
+ALT_SPACE_ID = 263
+VOCAB_SIZE = 264
+END_ID = SPECIAL_TOKENS["<|end|>"]
+ASSISTANT_ID = SPECIAL_TOKENS["<|assistant|>"]
+TOOLS_ID = SPECIAL_TOKENS["<|tools|>"]
+_ROLE_IDS = {role: SPECIAL_TOKENS[f"<|{role}|>"] for role in ("system", "developer", "user", "assistant", "tool")}
+_ID_TO_SPECIAL = {token_id: text for text, token_id in SPECIAL_TOKENS.items()} | {ALT_SPACE_ID: " "}
+_SPACE = ord(" ")
+
+
+class TemplateError(ValueError):
+    """Messages or tools the template cannot render (the server answers HTTP 400 with this message)."""
+
+
+def encode(text: str) -> list[int]:
+    """Plain text to ids: one id per UTF-8 byte, no special tokens (``/tokenize`` with ``prompt``)."""
+    return list(text.encode())
+
+
+def decode(token_ids: Iterable[int]) -> str:
+    """Ids back to text; role markers and ``<|end|>`` are dropped, partial UTF-8 sequences replaced."""
+    data = bytearray()
+    for token_id in token_ids:
+        if token_id < 256:
+            data.append(token_id)
+        elif token_id == ALT_SPACE_ID:
+            data.append(_SPACE)
+    return data.decode(errors="replace")
+
+
+def token_text(token_id: int) -> str:
+    """One token's text as a logprobs entry shows it: the ASCII character, ``<0xHH>`` for other bytes, or the
+    special token's name."""
+    if token_id < 128:
+        return chr(token_id)
+    if token_id < 256:
+        return f"<0x{token_id:02X}>"
+    return _ID_TO_SPECIAL[token_id]
+
+
+def token_bytes(token_id: int) -> list[int]:
+    if token_id < 256:
+        return [token_id]
+    return list(_ID_TO_SPECIAL[token_id].encode())
+
+
+def token_logprob(token_id: int, position: int) -> float:
+    """The deterministic log-probability of generating ``token_id`` at ``position`` of a generation, in [-0.97,
+    -0.01]: ``-(1 + (31 * token_id + 17 * position) % 97) / 100``."""
+    return -(1 + (31 * token_id + 17 * position) % 97) / 100
+
+
+def tool_call_block(name: str, arguments: str) -> str:
+    """One Hermes-style tool call as the model writes it; ``arguments`` (a JSON string) is copied verbatim."""
+    return f'<tool_call>{{"name": {orjson.dumps(name).decode()}, "arguments": {arguments}}}</tool_call>'
+
+
+def assistant_text(content: str | None, tool_calls: Sequence[tuple[str, str]] = ()) -> str:
+    """The full text of an assistant turn: content, a newline if both are present, then the tool call blocks."""
+    blocks = "".join(tool_call_block(name, arguments) for name, arguments in tool_calls)
+    if content and blocks:
+        return f"{content}\n{blocks}"
+    return (content or "") + blocks
+
+
+def generation_ids(text: str, token_consistent: bool = True) -> list[int]:
+    """The ids a turn generates: its text's bytes then ``<|end|>`` (spaces as :data:`ALT_SPACE_ID` if
+    ``token_consistent`` is false)."""
+    ids = encode(text)
+    if not token_consistent:
+        ids = [ALT_SPACE_ID if token_id == _SPACE else token_id for token_id in ids]
+    ids.append(END_ID)
+    return ids
+
+
+def _content_text(message: dict[str, Any], index: int) -> str:
+    content = message.get("content")
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise TemplateError(f"messages[{index}].content has a part of type {kind!r}; only text parts render")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise TemplateError(f"messages[{index}].content must be a string, a list of text parts or null")
+
+
+def _tool_call_pairs(message: dict[str, Any], index: int) -> list[tuple[str, str]]:
+    pairs = []
+    for call_index, call in enumerate(message.get("tool_calls") or ()):
+        function = call.get("function") if isinstance(call, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        if not isinstance(name, str) or not isinstance(arguments, str):
+            raise TemplateError(
+                f"messages[{index}].tool_calls[{call_index}] needs function.name and function.arguments as strings "
+                f"(arguments is the JSON text the model generated), got {call!r}"
+            )
+        pairs.append((name, arguments))
+    return pairs
+
+
+def message_text(message: dict[str, Any], index: int = 0) -> str:
+    """The text a message renders to between its role marker and ``<|end|>``."""
+    if message.get("role") == "assistant":
+        return assistant_text(_content_text(message, index), _tool_call_pairs(message, index))
+    return _content_text(message, index)
+
+
+def _append_message(ids: list[int], message: dict[str, Any], index: int) -> None:
+    role = message.get("role") if isinstance(message, dict) else None
+    if role not in _ROLE_IDS:
+        raise TemplateError(f"messages[{index}].role is {role!r}; expected one of {', '.join(_ROLE_IDS)}")
+    ids.append(_ROLE_IDS[role])
+    ids.extend(message_text(message, index).encode())
+    ids.append(END_ID)
+
+
+def _token_id_list(message: dict[str, Any], field: str, index: int) -> list[int]:
+    value = message[field]
+    if not isinstance(value, list) or not all(type(token_id) is int for token_id in value):
+        raise TemplateError(f"messages[{index}].{field} must be a list of integer token ids")
+    return value
+
+
+def _last_token_carrier(messages: Sequence[dict[str, Any]]) -> int | None:
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if message.get("role") == "assistant" and "prompt_token_ids" in message and "generation_token_ids" in message:
+            return index
+    return None
+
+
+def prompt_ids(
+    messages: Sequence[dict[str, Any]],
+    tools: Sequence[dict[str, Any]] | None = None,
+    add_generation_prompt: bool = True,
+) -> list[int]:
+    """The prompt ids for a chat request, with the prefix-correction splice (see the module docstring).
+
+    Raises:
+        TemplateError: a message the template cannot render, named by its index.
+    """
+    carrier = _last_token_carrier(messages)
+    if carrier is None:
+        ids: list[int] = []
+        if tools:
+            ids.append(TOOLS_ID)
+            ids.extend(orjson.dumps(list(tools), option=orjson.OPT_SORT_KEYS))
+            ids.append(END_ID)
+        start = 0
+    else:
+        message = messages[carrier]
+        ids = _token_id_list(message, "prompt_token_ids", carrier) + _token_id_list(
+            message, "generation_token_ids", carrier
+        )
+        start = carrier + 1
+    for index in range(start, len(messages)):
+        _append_message(ids, messages[index], index)
+    if add_generation_prompt:
+        ids.append(ASSISTANT_ID)
+    return ids
