@@ -75,7 +75,8 @@ class FakeEngine:
         self.providers: list[ScriptProvider] = [self.registered, *providers]
         if self.tau2 is not None:
             self.providers.append(self.tau2)
-            self.tau2.preload(config.preload_domains)
+            if config.preload_domains:
+                self.tau2.preload(config.preload_domains)
         self.default_script = config.default_script.to_script() if config.default_script else None
         self.tracker = TurnTracker()
         self.faults = FaultInjector()

@@ -110,15 +110,16 @@ class FakeHTTPServer:
             return _error(f"injected fault: {fault.kind}", status, "InternalServerError" if status == 500 else "Busy")
         if fault.kind == "garbage":
             return web.Response(body=_GARBAGE, content_type="application/json")
-        if fault.kind == "drop":
+        if fault.kind == "timeout":
+            try:
+                await asyncio.wait_for(self._closing.wait(), timeout=fault.hold_s)
+            except TimeoutError:
+                return None
+            # Shutting down: drop the held request rather than answer it.
+        assert fault.kind in ("drop", "timeout"), fault.kind
+        if request.transport is not None:
             request.transport.abort()
-            return web.Response(status=499)  # never sent: the connection is gone
-        assert fault.kind == "timeout", fault.kind
-        try:
-            await asyncio.wait_for(self._closing.wait(), timeout=fault.hold_s)
-        except TimeoutError:
-            return None
-        return web.Response(status=499)  # shutting down: the client gave up long ago
+        return web.Response(status=499)  # never sent: the connection is gone
 
     async def _models(self, request: web.Request) -> web.Response:
         self.engine.stats.requests_by_route["models"] += 1
