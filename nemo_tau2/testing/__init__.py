@@ -19,7 +19,6 @@ from nemo_tau2.testing.chat_tokens import ALT_SPACE_ID, SPECIAL_TOKENS, VOCAB_SI
 from nemo_tau2.testing.config import ControlRequest, FakeServerConfig, ScriptSpec, TurnSpec
 from nemo_tau2.testing.contiguity import ContiguityBreak, check_contiguity
 from nemo_tau2.testing.engine import FakeEngine, FakeStats, RequestError
-from nemo_tau2.testing.fake_server import connect_fake_server, serve_fake_server, start_fake_server
 from nemo_tau2.testing.faults import FaultKind, FaultSpec
 from nemo_tau2.testing.handles import FakeServerHandle
 from nemo_tau2.testing.scripts import (
@@ -45,6 +44,18 @@ from nemo_tau2.testing.tau2_scripts import (
     parse_device_action,
     tau2_key,
 )
+
+_LAZY = {"connect_fake_server", "serve_fake_server", "start_fake_server"}
+
+
+def __getattr__(name: str):
+    # Imported on first use: `python -m nemo_tau2.testing.fake_server` must not find the module already imported.
+    if name in _LAZY:
+        from nemo_tau2.testing import fake_server
+
+        return getattr(fake_server, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "ALT_SPACE_ID",

@@ -13,9 +13,15 @@ turn *t + 1* starts with prompt(*t*) + generation(*t*).
 Prefix correction (NeMo-RL's vLLM server, see ``vllm_surface.md``): when the last assistant message that carries
 ``prompt_token_ids`` and ``generation_token_ids`` is found, the prompt is those ids followed by the rendering of the
 messages after it, instead of a re-rendering of the whole history.
+
+Speed: a prompt is kept as rendered pieces (:class:`PromptTokens`), one per message, and the JSON text of long
+pieces is cached, so the system prompt and tool schemas that every request repeats are serialised once, not once
+per request (a 20 KB prompt is ~20k ids).
 """
 
+import functools
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -143,20 +149,78 @@ def message_text(message: dict[str, Any], index: int = 0) -> str:
     return _content_text(message, index)
 
 
-def _append_message(ids: list[int], message: dict[str, Any], index: int) -> None:
+@dataclass(frozen=True)
+class _Piece:
+    """A run of prompt ids with their JSON text (no brackets): ``marker + bytes(data) + <|end|>`` for a rendered
+    message, or ``ids`` given by the client (the splice)."""
+
+    json: bytes
+    count: int
+    marker_id: int = 0
+    data: bytes = b""
+    ids: Sequence[int] | None = None
+
+    def extend(self, out: list[int]) -> None:
+        if self.ids is not None:
+            out.extend(self.ids)
+        else:
+            out.append(self.marker_id)
+            out.extend(self.data)
+            out.append(END_ID)
+
+
+_CACHED_PIECE_MIN_BYTES = 256  # shorter texts are cheaper to serialise than to look up
+
+
+def _marked_piece(marker_id: int, data: bytes) -> _Piece:
+    """One rendered message or tool block; long ones (system prompts, tool schemas) come from a cache."""
+    if len(data) >= _CACHED_PIECE_MIN_BYTES:
+        return _cached_marked_piece(marker_id, data)
+    return _Piece(orjson.dumps([marker_id, *data, END_ID])[1:-1], len(data) + 2, marker_id, data)
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached_marked_piece(marker_id: int, data: bytes) -> _Piece:
+    return _Piece(orjson.dumps([marker_id, *data, END_ID])[1:-1], len(data) + 2, marker_id, data)
+
+
+_GENERATION_PROMPT = _Piece(str(ASSISTANT_ID).encode(), 1, ids=(ASSISTANT_ID,))
+
+
+class PromptTokens:
+    """A prompt's ids as rendered pieces: ``len()`` and :meth:`json` without building one big list."""
+
+    def __init__(self, pieces: list[_Piece]) -> None:
+        self._pieces = pieces
+
+    def __len__(self) -> int:
+        return sum(piece.count for piece in self._pieces)
+
+    def ids(self) -> list[int]:
+        ids: list[int] = []
+        for piece in self._pieces:
+            piece.extend(ids)
+        return ids
+
+    def json(self) -> bytes:
+        """The ids as a JSON array."""
+        return b"[" + b",".join(piece.json for piece in self._pieces if piece.count) + b"]"
+
+
+def _message_piece(message: dict[str, Any], index: int) -> _Piece:
     role = message.get("role") if isinstance(message, dict) else None
     if role not in _ROLE_IDS:
         raise TemplateError(f"messages[{index}].role is {role!r}; expected one of {', '.join(_ROLE_IDS)}")
-    ids.append(_ROLE_IDS[role])
-    ids.extend(message_text(message, index).encode())
-    ids.append(END_ID)
+    return _marked_piece(_ROLE_IDS[role], message_text(message, index).encode())
 
 
-def _token_id_list(message: dict[str, Any], field: str, index: int) -> list[int]:
+def _carried_ids_piece(message: dict[str, Any], field: str, index: int) -> _Piece:
     value = message[field]
-    if not isinstance(value, list) or not all(type(token_id) is int for token_id in value):
-        raise TemplateError(f"messages[{index}].{field} must be a list of integer token ids")
-    return value
+    json_text = orjson.dumps(value) if isinstance(value, list) else b""
+    # Checked on the JSON text (in C) rather than per element: prompts carry tens of thousands of ids.
+    if not json_text or json_text.translate(None, b"0123456789,[]"):
+        raise TemplateError(f"messages[{index}].{field} must be a list of non-negative integer token ids")
+    return _Piece(json_text[1:-1], len(value), ids=value)
 
 
 def _last_token_carrier(messages: Sequence[dict[str, Any]]) -> int | None:
@@ -167,32 +231,37 @@ def _last_token_carrier(messages: Sequence[dict[str, Any]]) -> int | None:
     return None
 
 
-def prompt_ids(
+def render_prompt(
     messages: Sequence[dict[str, Any]],
     tools: Sequence[dict[str, Any]] | None = None,
     add_generation_prompt: bool = True,
-) -> list[int]:
-    """The prompt ids for a chat request, with the prefix-correction splice (see the module docstring).
+) -> PromptTokens:
+    """The prompt for a chat request, with the prefix-correction splice (see the module docstring).
 
     Raises:
         TemplateError: a message the template cannot render, named by its index.
     """
     carrier = _last_token_carrier(messages)
+    pieces: list[_Piece] = []
     if carrier is None:
-        ids: list[int] = []
         if tools:
-            ids.append(TOOLS_ID)
-            ids.extend(orjson.dumps(list(tools), option=orjson.OPT_SORT_KEYS))
-            ids.append(END_ID)
+            pieces.append(_marked_piece(TOOLS_ID, orjson.dumps(list(tools), option=orjson.OPT_SORT_KEYS)))
         start = 0
     else:
         message = messages[carrier]
-        ids = _token_id_list(message, "prompt_token_ids", carrier) + _token_id_list(
-            message, "generation_token_ids", carrier
-        )
+        pieces.append(_carried_ids_piece(message, "prompt_token_ids", carrier))
+        pieces.append(_carried_ids_piece(message, "generation_token_ids", carrier))
         start = carrier + 1
-    for index in range(start, len(messages)):
-        _append_message(ids, messages[index], index)
+    pieces.extend(_message_piece(messages[index], index) for index in range(start, len(messages)))
     if add_generation_prompt:
-        ids.append(ASSISTANT_ID)
-    return ids
+        pieces.append(_GENERATION_PROMPT)
+    return PromptTokens(pieces)
+
+
+def prompt_ids(
+    messages: Sequence[dict[str, Any]],
+    tools: Sequence[dict[str, Any]] | None = None,
+    add_generation_prompt: bool = True,
+) -> list[int]:
+    """:func:`render_prompt` as a plain list of ids."""
+    return render_prompt(messages, tools, add_generation_prompt).ids()

@@ -4,6 +4,8 @@ Answers follow the "vLLM surface" (``/work/helper_briefs/vllm_surface.md``): one
 ids and JSON-string arguments, ``finish_reason`` ``stop``/``tool_calls``/``length``, logprobs per generated token
 (``token`` = ``"token_id:<id>"`` with ``return_tokens_as_token_ids``), ``prompt_token_ids`` at the top level and
 ``choices[0].token_ids`` always. ``/tokenize`` returns exactly the prompt ids a completion would use.
+
+Answers are dicts ready for ``orjson.dumps``: prompt id arrays are pre-serialised ``orjson.Fragment`` objects.
 """
 
 import time
@@ -12,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import uuid4
+
+import orjson
 
 from nemo_tau2.testing import chat_tokens
 from nemo_tau2.testing.config import ControlRequest, FakeServerConfig
@@ -143,9 +147,10 @@ class FakeEngine:
         script = self.script_for(key)
         turn = script.respond(ScriptRequest(key, messages, tools, self.tracker.turn_index(key, messages)))
         _check_tool_choice(body.get("tool_choice"), turn, key)
-        prompt = chat_tokens.prompt_ids(messages, tools)
+        prompt = chat_tokens.render_prompt(messages, tools)
+        prompt_tokens = len(prompt)
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
-        self._check_context(len(prompt), max_tokens)
+        self._check_context(prompt_tokens, max_tokens)
         calls = [(call.name, call.arguments_json()) for call in turn.tool_calls]
         generated = chat_tokens.generation_ids(chat_tokens.assistant_text(turn.text, calls), script.token_consistent)
         if max_tokens is not None and len(generated) > max_tokens:
@@ -162,20 +167,24 @@ class FakeEngine:
         choice = {"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}
         if body.get("logprobs"):
             choice["logprobs"] = {"content": _logprobs(generated, body)}
-        choice["token_ids"] = generated
-        return {
+        with_token_ids = self.config.token_ids_in_completions == "always" or body.get("return_token_ids") is True
+        if with_token_ids:
+            choice["token_ids"] = generated
+        completion = {
             "id": f"chatcmpl-{uuid4().hex}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": body.get("model") or self.config.model,
             "choices": [choice],
             "usage": {
-                "prompt_tokens": len(prompt),
+                "prompt_tokens": prompt_tokens,
                 "completion_tokens": len(generated),
-                "total_tokens": len(prompt) + len(generated),
+                "total_tokens": prompt_tokens + len(generated),
             },
-            "prompt_token_ids": prompt,
         }
+        if with_token_ids:
+            completion["prompt_token_ids"] = orjson.Fragment(prompt.json())
+        return completion
 
     def tokenize(self, body: Any) -> dict[str, Any]:
         if not isinstance(body, dict):
@@ -185,12 +194,14 @@ class FakeEngine:
             add_generation_prompt = body.get("add_generation_prompt", True)
             if not isinstance(add_generation_prompt, bool):
                 raise RequestError(f"add_generation_prompt must be a boolean, got {add_generation_prompt!r}")
-            tokens = chat_tokens.prompt_ids(messages, tools, add_generation_prompt)
+            prompt = chat_tokens.render_prompt(messages, tools, add_generation_prompt)
+            count, tokens = len(prompt), orjson.Fragment(prompt.json())
         elif isinstance(body.get("prompt"), str):
             tokens = chat_tokens.encode(body["prompt"])
+            count = len(tokens)
         else:
             raise RequestError("a /tokenize body needs 'messages' (a list) or 'prompt' (a string)")
-        return {"count": len(tokens), "max_model_len": self.config.max_model_len, "tokens": tokens, "token_strs": None}
+        return {"count": count, "max_model_len": self.config.max_model_len, "tokens": tokens, "token_strs": None}
 
     def models(self) -> dict[str, Any]:
         return {
@@ -256,22 +267,28 @@ def _check_tool_choice(tool_choice: Any, turn: Turn, key: str | None) -> None:
         raise RequestError(f"tool_choice={tool_choice!r}; expected 'auto', 'none', 'required' or a function")
 
 
+# Per token id, the "token" strings of both modes and the "bytes" list: logprobs are built once per generated token.
+_TOKEN_AS_ID = [f"token_id:{token_id}" for token_id in range(chat_tokens.VOCAB_SIZE)]
+_TOKEN_AS_TEXT = [chat_tokens.token_text(token_id) for token_id in range(chat_tokens.VOCAB_SIZE)]
+_TOKEN_BYTES = [chat_tokens.token_bytes(token_id) for token_id in range(chat_tokens.VOCAB_SIZE)]
+
+
 def _logprobs(generated: list[int], body: dict[str, Any]) -> list[dict[str, Any]]:
-    as_ids = bool(body.get("return_tokens_as_token_ids"))
+    tokens = _TOKEN_AS_ID if body.get("return_tokens_as_token_ids") else _TOKEN_AS_TEXT
     top_n = body.get("top_logprobs") or 0
+    logprob = chat_tokens.token_logprob
+    if not top_n:  # the training path (vllm_model asks for top_logprobs=0): keep it lean
+        return [
+            {"token": tokens[t], "logprob": logprob(t, p), "bytes": _TOKEN_BYTES[t], "top_logprobs": []}
+            for p, t in enumerate(generated)
+        ]
     entries = []
     for position, token_id in enumerate(generated):
-        logprob = chat_tokens.token_logprob(token_id, position)
-        entry = _logprob_entry(token_id, logprob, as_ids)
-        alternatives = [entry.copy()] if top_n else []
-        for rank in range(1, top_n):
-            other = (token_id + rank) % chat_tokens.VOCAB_SIZE
-            alternatives.append(_logprob_entry(other, logprob - rank, as_ids))
-        entry["top_logprobs"] = alternatives
-        entries.append(entry)
+        value = logprob(token_id, position)
+        # The chosen token first, then made-up alternatives, each one nat less likely than the one before.
+        ranked = [(token_id, value)] + [
+            ((token_id + rank) % chat_tokens.VOCAB_SIZE, value - rank) for rank in range(1, top_n)
+        ]
+        alternatives = [{"token": tokens[t], "logprob": v, "bytes": _TOKEN_BYTES[t]} for t, v in ranked]
+        entries.append({**alternatives[0], "top_logprobs": alternatives})
     return entries
-
-
-def _logprob_entry(token_id: int, logprob: float, as_ids: bool) -> dict[str, Any]:
-    token = f"token_id:{token_id}" if as_ids else chat_tokens.token_text(token_id)
-    return {"token": token, "logprob": logprob, "bytes": chat_tokens.token_bytes(token_id)}

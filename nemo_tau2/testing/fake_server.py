@@ -37,6 +37,15 @@ READY_LINE_PREFIX = "FAKE_SERVER_LISTENING "
 SHUTDOWN_TIMEOUT_S = 2.0
 
 
+def _new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop when installed (it comes with uvicorn[standard]): the server's own loop does less work per request."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
 def _resolve_config(config: FakeServerConfig | None, fields: dict[str, Any]) -> FakeServerConfig:
     if config is not None and fields:
         raise ValueError(f"pass either config or config fields, not both (got fields {sorted(fields)})")
@@ -105,6 +114,7 @@ async def serve_fake_server(
     try:
         yield handle
     finally:
+        await asyncio.gather(*stopping)
         await running.stop()
 
 
@@ -138,7 +148,7 @@ def start_fake_server(
 
 
 def _start_thread(engine: FakeEngine, config: FakeServerConfig, startup_timeout_s: float) -> ThreadHandle:
-    loop = asyncio.new_event_loop()
+    loop = _new_event_loop()
     running = _Running(engine)
     started: queue.Queue[BaseException | None] = queue.Queue()
 
@@ -199,7 +209,7 @@ def _start_subprocess(config: FakeServerConfig, startup_timeout_s: float) -> Rem
     if not line.startswith(READY_LINE_PREFIX):
         stop()
         raise RuntimeError(f"the fake server subprocess failed to start (exit code {process.returncode}): {line!r}")
-    return RemoteHandle(line.removeprefix(READY_LINE_PREFIX).strip().removesuffix("/v1"), stop)
+    return RemoteHandle(line.removeprefix(READY_LINE_PREFIX).strip().removesuffix("/v1"), stop, process.pid)
 
 
 def connect_fake_server(url: str) -> RemoteHandle:
@@ -241,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     overrides = {name: value for name, value in (("host", args.host), ("port", args.port)) if value is not None}
     config = FakeServerConfig.model_validate(config.model_dump() | overrides)
     logging.basicConfig(level=logging.WARNING)
-    asyncio.run(_serve_forever(config))
+    asyncio.run(_serve_forever(config), loop_factory=_new_event_loop)
 
 
 if __name__ == "__main__":

@@ -171,9 +171,10 @@ class ThreadHandle(_EngineHandle):
 class RemoteHandle(FakeServerHandle):
     """A fake server in another process, driven over HTTP (``/fake/control``, ``/fake/stats``)."""
 
-    def __init__(self, root_url: str, closer: Callable[[], None] | None = None) -> None:
+    def __init__(self, root_url: str, closer: Callable[[], None] | None = None, pid: int | None = None) -> None:
         super().__init__(root_url)
         self._closer = closer
+        self.pid = pid  # the server process, when this handle started it
 
     def _http(self, method: str, path: str, body: bytes | None = None) -> Any:
         request = urllib.request.Request(

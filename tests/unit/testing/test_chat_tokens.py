@@ -89,7 +89,7 @@ def test_logprobs_are_deterministic_and_negative():
         ({"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": {}}}]},
          "tool_calls[0] needs function.name and function.arguments as strings"),
         ({"role": "assistant", "content": "x", "prompt_token_ids": ["1"], "generation_token_ids": []},
-         "prompt_token_ids must be a list of integer token ids"),
+         "prompt_token_ids must be a list of non-negative integer token ids"),
     ],
 )  # fmt: skip
 def test_unrenderable_messages_are_named(message, problem):

@@ -119,6 +119,15 @@ async def test_models_and_health(fake, http):
         assert response.status == 200
 
 
+async def test_token_ids_only_on_request_when_configured_like_vllm(http):
+    with start_fake_server(token_ids_in_completions="when_requested") as fake:
+        fake.register_script("k", [Turn.say("ok")])
+        plain = await chat(http, fake, messages=MESSAGES, user="k")
+        assert "prompt_token_ids" not in plain and "token_ids" not in plain["choices"][0]
+        asked = await chat(http, fake, messages=MESSAGES, user="k", return_token_ids=True)
+        assert asked["prompt_token_ids"] and asked["choices"][0]["token_ids"]
+
+
 async def test_max_tokens_truncates_with_length_finish(fake, http):
     fake.register_script("k", [Turn.call("get_user", {"user_id": "u1"})])
     data = await chat(http, fake, messages=MESSAGES, user="k", max_tokens=5, **TOKEN_FIELDS)
