@@ -112,7 +112,8 @@ def generation_ids(text: str, token_consistent: bool = True) -> list[int]:
     return ids
 
 
-def _content_text(message: dict[str, Any], index: int) -> str:
+def content_text(message: dict[str, Any], index: int = 0) -> str:
+    """A message's content as one string: a string as is, text parts joined, null as ""."""
     content = message.get("content")
     if content is None or isinstance(content, str):
         return content or ""
@@ -145,8 +146,8 @@ def _tool_call_pairs(message: dict[str, Any], index: int) -> list[tuple[str, str
 def message_text(message: dict[str, Any], index: int = 0) -> str:
     """The text a message renders to between its role marker and ``<|end|>``."""
     if message.get("role") == "assistant":
-        return assistant_text(_content_text(message, index), _tool_call_pairs(message, index))
-    return _content_text(message, index)
+        return assistant_text(content_text(message, index), _tool_call_pairs(message, index))
+    return content_text(message, index)
 
 
 @dataclass(frozen=True)

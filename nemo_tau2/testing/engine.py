@@ -151,20 +151,7 @@ class FakeEngine:
         prompt_tokens = len(prompt)
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         self._check_context(prompt_tokens, max_tokens)
-        calls = [(call.name, call.arguments_json()) for call in turn.tool_calls]
-        generated = chat_tokens.generation_ids(chat_tokens.assistant_text(turn.text, calls), script.token_consistent)
-        if max_tokens is not None and len(generated) > max_tokens:
-            generated = generated[:max_tokens]
-            message = {"role": "assistant", "content": chat_tokens.decode(generated), "tool_calls": None}
-            finish_reason = "length"
-        else:
-            tool_calls = [
-                {"id": f"call_{uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": args}}
-                for name, args in calls
-            ]
-            message = {"role": "assistant", "content": turn.text or None, "tool_calls": tool_calls or None}
-            finish_reason = "tool_calls" if tool_calls else "stop"
-        choice = {"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}
+        choice, generated = _generate(turn, script.token_consistent, max_tokens)
         if body.get("logprobs"):
             choice["logprobs"] = {"content": _logprobs(generated, body)}
         with_token_ids = self.config.token_ids_in_completions == "always" or body.get("return_token_ids") is True
@@ -218,6 +205,24 @@ class FakeEngine:
                 f"({prompt_tokens} in the messages, {max_tokens or 0} in the completion). Please reduce the length "
                 "of the messages or completion."
             )
+
+
+def _generate(turn: Turn, token_consistent: bool, max_tokens: int | None) -> tuple[dict[str, Any], list[int]]:
+    """The choice (without logprobs) and the generated ids for a scripted turn, cut at ``max_tokens``."""
+    calls = [(call.name, call.arguments_json()) for call in turn.tool_calls]
+    generated = chat_tokens.generation_ids(chat_tokens.assistant_text(turn.text, calls), token_consistent)
+    if max_tokens is not None and len(generated) > max_tokens:
+        generated = generated[:max_tokens]  # a cut turn is plain text: its tool calls never closed
+        message = {"role": "assistant", "content": chat_tokens.decode(generated), "tool_calls": None}
+        finish_reason = "length"
+    else:
+        tool_calls = [
+            {"id": f"call_{uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": args}}
+            for name, args in calls
+        ]
+        message = {"role": "assistant", "content": turn.text or None, "tool_calls": tool_calls or None}
+        finish_reason = "tool_calls" if tool_calls else "stop"
+    return {"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}, generated
 
 
 def _validate_messages(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:

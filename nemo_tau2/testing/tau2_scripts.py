@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from nemo_tau2.testing import chat_tokens
 from nemo_tau2.testing.scripts import (
     DEFAULT_CLOSING_TEXT,
     Script,
@@ -288,12 +289,11 @@ class ScriptedUser:
             return Turn.say(self.opening)
         last = request.messages[-1]
         if last.get("role") == "tool":
-            result = last.get("content") or ""
-            if isinstance(result, str) and result.startswith("Error"):
+            result = _text(last)
+            if result.startswith("Error"):
                 return Turn.say(f"I tried, but my device says: {result}")
             return Turn.say("Done.")
-        agent_text = last.get("content") if last.get("role") == "user" else None
-        agent_text = agent_text if isinstance(agent_text, str) else ""
+        agent_text = _text(last) if last.get("role") == "user" else ""
         action = parse_device_action(agent_text)
         if isinstance(action, tuple):
             name, arguments = action
@@ -312,12 +312,20 @@ class ScriptedUser:
         said = sum(
             1
             for message in request.messages
-            if message.get("role") == "assistant" and str(message.get("content") or "").startswith(UNRECOGNISED_PREFIX)
+            if message.get("role") == "assistant" and _text(message).startswith(UNRECOGNISED_PREFIX)
         )
         if said >= self.config.max_unrecognised:
             return Turn.say(self.config.ending)
         known = f" What I know: {self.known_info}" if self.known_info else ""
         return Turn.say(f"{UNRECOGNISED_PREFIX}{known}")
+
+
+def _text(message: dict[str, Any]) -> str:
+    """A message's text (content parts joined); a message the template could not render reads as empty."""
+    try:
+        return chat_tokens.content_text(message)
+    except chat_tokens.TemplateError:
+        return ""
 
 
 def _instruction_field(task: "Task", name: str) -> str | None:

@@ -122,6 +122,11 @@ def test_scripted_user_reacts_to_agent_messages(agent_text, expected):
     assert expected in _respond(_user(), [{"role": "user", "content": agent_text}]).text
 
 
+def test_scripted_user_reads_content_parts():
+    ask = {"role": "user", "content": [{"type": "text", "text": device_action_request("toggle_wifi", {})}]}
+    assert _respond(_user(), [ask]) == Turn.call("toggle_wifi", {})
+
+
 def test_scripted_user_gives_up_after_unrecognised_requests():
     user = _user(UserScriptConfig(max_unrecognised=1, ending=OUT_OF_SCOPE))
     first = _respond(user, [{"role": "user", "content": "What is your favourite colour?"}])
