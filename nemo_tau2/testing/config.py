@@ -1,0 +1,111 @@
+"""The fake server's configuration and the bodies of its control route (pydantic: YAML, JSON and HTTP input)."""
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from nemo_tau2.testing.faults import FaultSpec
+from nemo_tau2.testing.scripts import DEFAULT_CLOSING_TEXT, ToolCallSpec, Turn, TurnListScript, WhenExhausted
+from nemo_tau2.testing.tau2_scripts import Tau2ScriptsConfig
+
+
+class ToolCallModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class TurnSpec(BaseModel):
+    """One scripted turn: text, tool calls, or both."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str | None = None
+    tool_calls: list[ToolCallModel] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> "TurnSpec":
+        if not self.text and not self.tool_calls:
+            raise ValueError("a turn needs non-empty text or at least one tool call")
+        return self
+
+    def to_turn(self) -> Turn:
+        calls = tuple(ToolCallSpec(call.name, call.arguments) for call in self.tool_calls)
+        return Turn(text=self.text, tool_calls=calls)
+
+
+class ScriptSpec(BaseModel):
+    """A fixed list of turns (:class:`TurnListScript`) in serialisable form."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    turns: list[TurnSpec]
+    when_exhausted: WhenExhausted = "repeat_closing"
+    closing_text: str = DEFAULT_CLOSING_TEXT
+    token_consistent: bool = True
+
+    def to_script(self) -> TurnListScript:
+        return TurnListScript(
+            turns=[turn.to_turn() for turn in self.turns],
+            when_exhausted=self.when_exhausted,
+            closing_text=self.closing_text,
+            token_consistent=self.token_consistent,
+        )
+
+
+class FakeServerConfig(BaseModel):
+    """Everything that configures a fake server (``--config`` of ``python -m nemo_tau2.testing.fake_server``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(0, ge=0, le=65535, description="0 picks a free port")
+    model: str = Field("fake-model", description="the name /v1/models lists")
+    max_model_len: int = Field(131072, ge=1, description="longer prompts (+ max_tokens) get vLLM's 400")
+    latency_ms: float = Field(0.0, ge=0.0, description="added to every chat completion (asyncio sleep)")
+    token_ids_in_completions: Literal["always", "when_requested"] = Field(
+        "always",
+        description="when completions carry prompt_token_ids and choices[0].token_ids: always, or (as vLLM) only "
+        "for requests with return_token_ids=true; the prompt ids are most of a response's bytes",
+    )
+    key_field: str = Field(
+        "user", description="request field with the conversation key: a top-level field, or 'metadata.<name>'"
+    )
+    missing_key: Literal["error", "default"] = Field(
+        "error", description="a request without a key: 400 (error) or answered by default_script (default)"
+    )
+    default_script: ScriptSpec | None = None
+    scripts: dict[str, ScriptSpec] = Field(default_factory=dict, description="scripts for exact keys")
+    tau2: Tau2ScriptsConfig | None = Field(
+        default_factory=Tau2ScriptsConfig, description="how tau2 keys are played; null: tau2 keys are unknown"
+    )
+    preload_domains: list[str] = Field(
+        default_factory=list, description="tau2 domains loaded at start-up instead of on their first request"
+    )
+    backlog: int = Field(2048, ge=1, description="listen backlog: hundreds of clients may connect at once")
+
+    @model_validator(mode="after")
+    def _default_script_if_used(self) -> "FakeServerConfig":
+        if self.missing_key == "default" and self.default_script is None:
+            raise ValueError("missing_key='default' needs a default_script")
+        if self.key_field.startswith("metadata.") and not self.key_field.removeprefix("metadata."):
+            raise ValueError(f"key_field {self.key_field!r} names no metadata entry")
+        if self.preload_domains and self.tau2 is None:
+            raise ValueError("preload_domains needs tau2 scripts enabled (tau2 is null)")
+        return self
+
+
+class ControlRequest(BaseModel):
+    """Body of ``POST /fake/control``; every field is optional. Applied in field order (clears first)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    clear_faults: bool = False
+    faults: list[FaultSpec] = Field(default_factory=list, description="fault rules to add")
+    latency_ms: float | None = Field(None, ge=0.0)
+    clear_scripts: bool = False
+    scripts: dict[str, ScriptSpec] = Field(default_factory=dict, description="scripts to register by exact key")
+    tau2: Tau2ScriptsConfig | None = Field(None, description="replace how tau2 keys are played")
+    reset_stats: bool = False
+    reset_conversations: bool = Field(False, description="forget every key's first request (turn bases)")
