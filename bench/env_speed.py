@@ -19,8 +19,10 @@ import statistics
 import time
 from pathlib import Path
 
+import nemo_tau2  # noqa: F401  (offline settings before tau2 loads litellm)
+
+# isort: split
 import aiohttp
-import nemo_tau2  # noqa: F401  (offline settings before tau2 loads)
 import requests
 from tau2.data_model.message import AssistantMessage, ToolCall, ToolMessage, UserMessage
 from tau2.data_model.simulation import SimulationRun
@@ -47,14 +49,27 @@ def _rss_kb(pid: int) -> int:
 
 def _verify_body(texts: list[str]) -> dict:
     output = [
-        {"type": "message", "role": "assistant", "id": f"m{i}", "status": "completed",
-         "content": [{"type": "output_text", "text": text, "annotations": []}]}
+        {
+            "type": "message",
+            "role": "assistant",
+            "id": f"m{i}",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": text, "annotations": []}],
+        }
         for i, text in enumerate(texts)
     ]
     return {
         "responses_create_params": {"input": []},
-        "response": {"id": "r", "created_at": 0, "model": "m", "object": "response", "output": output,
-                     "parallel_tool_calls": True, "tool_choice": "auto", "tools": []},
+        "response": {
+            "id": "r",
+            "created_at": 0,
+            "model": "m",
+            "object": "response",
+            "output": output,
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+        },
         "termination_reason": "user_stop",
     }
 
@@ -76,7 +91,8 @@ async def _measure_ours(url: str, domain: str, tasks) -> tuple[list, list, list]
             async with http.get(f"{url}/") as response:
                 await response.read()
         for task in tasks:
-            elapsed, _, cookies = await _post(http, f"{url}/seed_session", {"domain": domain, "task_id": task.id}, None)
+            seed = {"domain": domain, "task_id": task.id}
+            elapsed, _, cookies = await _post(http, f"{url}/seed_session", seed, None)
             seeds.append(elapsed)
             for action in task.evaluation_criteria.actions or []:
                 route = f"/{action.name}" if action.requestor == "assistant" else f"/user_tools/{action.name}"
@@ -91,8 +107,12 @@ async def _measure_ours(url: str, domain: str, tasks) -> tuple[list, list, list]
 
 def measure_ours(url: str, domain: str, tasks) -> dict:
     seeds, calls, verifies = asyncio.run(_measure_ours(url, domain, tasks))
-    return {"seed_ms": _ms(statistics.median(seeds)), "tool_call_ms": _ms(statistics.median(calls)),
-            "verify_ms": _ms(statistics.median(verifies)), "verify_max_ms": _ms(max(verifies))}
+    return {
+        "seed_ms": _ms(statistics.median(seeds)),
+        "tool_call_ms": _ms(statistics.median(calls)),
+        "verify_ms": _ms(statistics.median(verifies)),
+        "verify_max_ms": _ms(max(verifies)),
+    }
 
 
 def measure_idle_memory(url: str, pid: int, domain: str, task_id: str, sessions: int) -> float:
@@ -113,15 +133,19 @@ def gold_trajectory(domain: str, task) -> list:
     """The gold calls as tau2 messages, with tau2's own tool outputs (what a perfect agent's trajectory holds)."""
     messages = [AssistantMessage(role="assistant", content=prompts.greeting())]
     env = domains.environment_constructor(domain)()
-    env.set_state(task.initial_state.initialization_data if task.initial_state else None,
-                  task.initial_state.initialization_actions if task.initial_state else None, [])
+    env.set_state(
+        task.initial_state.initialization_data if task.initial_state else None,
+        task.initial_state.initialization_actions if task.initial_state else None,
+        [],
+    )
     for index, action in enumerate(task.evaluation_criteria.actions or []):
         call = ToolCall(id=f"c{index}", name=action.name, arguments=action.arguments, requestor=action.requestor)
         sender = AssistantMessage if action.requestor == "assistant" else UserMessage
         result: ToolMessage = env.get_response(call)
         messages += [sender(role=action.requestor, tool_calls=[call]), result]
-    messages.append(AssistantMessage(role="assistant", content=" ".join(task.evaluation_criteria.communicate_info
-                                                                         or []) or "done"))
+    messages.append(
+        AssistantMessage(role="assistant", content=" ".join(task.evaluation_criteria.communicate_info or []) or "done")
+    )
     messages.append(UserMessage(role="user", content="###STOP###"))
     return messages
 
@@ -129,8 +153,12 @@ def gold_trajectory(domain: str, task) -> list:
 def measure_tau2(domain: str, tasks) -> dict:
     resets, steps, evaluations = [], [], []
     for task in tasks:
-        env = AgentGymEnv(domain=domain, task_id=task.id, user_llm="gpt-4.1",
-                          user_llm_args={"mock_response": "Hi, I need help with my account."})
+        env = AgentGymEnv(
+            domain=domain,
+            task_id=task.id,
+            user_llm="gpt-4.1",
+            user_llm_args={"mock_response": "Hi, I need help with my account."},
+        )
         start = time.perf_counter()
         env.reset()
         resets.append(time.perf_counter() - start)
@@ -138,15 +166,24 @@ def measure_tau2(domain: str, tasks) -> dict:
             start = time.perf_counter()
             env.step(json.dumps({"name": action.name, "arguments": action.arguments}))
             steps.append(time.perf_counter() - start)
-        simulation = SimulationRun(id="b", task_id=task.id, start_time="", end_time="", duration=0.0,
-                                   termination_reason="user_stop", messages=gold_trajectory(domain, task))
+        simulation = SimulationRun(
+            id="b",
+            task_id=task.id,
+            start_time="",
+            end_time="",
+            duration=0.0,
+            termination_reason="user_stop",
+            messages=gold_trajectory(domain, task),
+        )
         start = time.perf_counter()
         reward = evaluate_simulation(simulation, task, EvaluationType.ALL, solo_mode=False, domain=domain).reward
         evaluations.append(time.perf_counter() - start)
         assert reward == 1.0, (domain, task.id)
-    return {"reset_ms": _ms(statistics.median(resets)),
-            "step_ms": _ms(statistics.median(steps)) if steps else None,
-            "evaluate_ms": _ms(statistics.median(evaluations))}
+    return {
+        "reset_ms": _ms(statistics.median(resets)),
+        "step_ms": _ms(statistics.median(steps)) if steps else None,
+        "evaluate_ms": _ms(statistics.median(evaluations)),
+    }
 
 
 def main() -> None:
@@ -155,8 +192,13 @@ def main() -> None:
     parser.add_argument("--idle-sessions", type=int, default=300)
     args = parser.parse_args()
 
-    spec = ServerSpec(SERVER, "resources_servers", "tau2", "nemo_tau2.gym.resources_server.app:Tau2ResourcesServer",
-                      {"domain": "agent", "domains": list(DOMAINS)})
+    spec = ServerSpec(
+        SERVER,
+        "resources_servers",
+        "tau2",
+        "nemo_tau2.gym.resources_server.app:Tau2ResourcesServer",
+        {"domain": "agent", "domains": list(DOMAINS)},
+    )
     results: dict = {}
     with GymServers([spec]) as servers:
         url, pid = servers.url(SERVER), servers.pid(SERVER)
@@ -175,12 +217,16 @@ def main() -> None:
             "verify_vs_evaluate": round(tau2["evaluate_ms"] / ours["verify_ms"], 1),
         }
 
-    print(f"{'domain':8} {'seed ms':>9} {'call ms':>8} {'verify ms':>10} {'MB/idle':>8} | "
-          f"{'tau2 reset':>10} {'step':>8} {'evaluate':>9}")
+    print(
+        f"{'domain':8} {'seed ms':>9} {'call ms':>8} {'verify ms':>10} {'MB/idle':>8} | "
+        f"{'tau2 reset':>10} {'step':>8} {'evaluate':>9}"
+    )
     for domain, r in results.items():
         o, t = r["ours"], r["tau2"]
-        print(f"{domain:8} {o['seed_ms']:9.2f} {o['tool_call_ms']:8.2f} {o['verify_ms']:10.2f} "
-              f"{o['idle_session_mb']:8.3f} | {t['reset_ms']:10.1f} {t['step_ms'] or 0:8.1f} {t['evaluate_ms']:9.1f}")
+        print(
+            f"{domain:8} {o['seed_ms']:9.2f} {o['tool_call_ms']:8.2f} {o['verify_ms']:10.2f} "
+            f"{o['idle_session_mb']:8.3f} | {t['reset_ms']:10.1f} {t['step_ms'] or 0:8.1f} {t['evaluate_ms']:9.1f}"
+        )
     print(json.dumps({"benchmark": "env_speed", "tasks_per_domain": args.tasks, "results": results}))
 
 

@@ -1,7 +1,7 @@
 """Write tau2 tasks as NeMo-Gym JSONL rows.
 
-    uv run examples/prepare_data.py --domains airline,retail,telecom --split train
-    uv run examples/prepare_data.py --domains airline,retail,telecom --split test --output data/tau2_test.jsonl
+uv run examples/prepare_data.py --domains airline,retail,telecom --split train
+uv run examples/prepare_data.py --domains airline,retail,telecom --split test --output data/tau2_test.jsonl
 """
 
 import argparse
@@ -24,7 +24,8 @@ def main() -> None:
     args = parser.parse_args()
 
     try:
-        rows = split_rows([name.strip() for name in args.domains.split(",") if name.strip()], args.split, args.agent_name)
+        domain_names = [name.strip() for name in args.domains.split(",") if name.strip()]
+        rows = split_rows(domain_names, args.split, args.agent_name)
     except (domains.UnknownDomainError, domains.UnknownTaskError, ValueError) as e:
         sys.exit(f"error: {e}")
     output = Path(args.output or f"data/tau2_{args.split}.jsonl")

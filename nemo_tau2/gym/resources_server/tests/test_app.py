@@ -26,14 +26,27 @@ def _client() -> TestClient:
 
 def _verify_body(texts: list[str]) -> dict:
     output = [
-        {"type": "message", "role": "assistant", "id": f"m{i}", "status": "completed",
-         "content": [{"type": "output_text", "text": text, "annotations": []}]}
+        {
+            "type": "message",
+            "role": "assistant",
+            "id": f"m{i}",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": text, "annotations": []}],
+        }
         for i, text in enumerate(texts)
     ]
     return {
         "responses_create_params": {"input": []},
-        "response": {"id": "r", "created_at": 0, "model": "m", "object": "response", "output": output,
-                     "parallel_tool_calls": True, "tool_choice": "auto", "tools": []},
+        "response": {
+            "id": "r",
+            "created_at": 0,
+            "model": "m",
+            "object": "response",
+            "output": output,
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+        },
         "termination_reason": "user_stop",
     }
 
@@ -48,9 +61,15 @@ class TestApp:
         client.post("/seed_session", json={"domain": "airline", "task_id": "11"})
         response = client.post(
             "/update_reservation_flights",
-            json={"reservation_id": "GV1N64", "cabin": "basic_economy", "payment_id": "gift_card_1642017",
-                  "flights": [{"flight_number": "HAT003", "date": "2024-05-19"},
-                              {"flight_number": "HAT290", "date": "2024-05-20"}]},
+            json={
+                "reservation_id": "GV1N64",
+                "cabin": "basic_economy",
+                "payment_id": "gift_card_1642017",
+                "flights": [
+                    {"flight_number": "HAT003", "date": "2024-05-19"},
+                    {"flight_number": "HAT290", "date": "2024-05-20"},
+                ],
+            },
         )
         assert response.headers["X-Tau2-Tool-Error"] == "0", response.text
         assert client.post("/verify", json=_verify_body(["The refund is 5244."])).json()["reward"] == 1.0
