@@ -16,10 +16,9 @@ from tau2.data_model.tasks import Task
 from tau2.environment.db import DB
 from tau2.environment.environment import Environment
 
+from nemo_tau2.tau2_env import DOMAINS
 from nemo_tau2.tau2_env.session_db import fork_database
 
-#: The domains nemo-tau2 serves. ``mock`` is tau2's small test domain.
-DOMAINS = ("airline", "retail", "telecom", "mock")
 
 
 class UnknownDomainError(ValueError):

@@ -17,7 +17,7 @@ Typical use::
 
 from nemo_tau2.testing.chat_tokens import ALT_SPACE_ID, SPECIAL_TOKENS, VOCAB_SIZE, TemplateError, prompt_ids
 from nemo_tau2.testing.config import ControlRequest, FakeServerConfig, ScriptSpec, TurnSpec
-from nemo_tau2.testing.contiguity import ContiguityBreak, check_contiguity
+from nemo_tau2.experience.contiguity import ContiguityBreak, check_contiguity
 from nemo_tau2.testing.engine import FakeEngine, FakeStats, RequestError
 from nemo_tau2.testing.faults import FaultKind, FaultSpec
 from nemo_tau2.testing.handles import FakeServerHandle

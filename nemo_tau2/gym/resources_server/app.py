@@ -32,6 +32,7 @@ from nemo_gym.server_utils import SESSION_ID_KEY
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator
 
 from nemo_tau2.gym.body_limit import BodySizeLimitMiddleware
+from nemo_tau2.gym.config_keys import GymInstanceConfigMixin
 from nemo_tau2.gym.fast_middleware import FastMiddlewareMixin
 from nemo_tau2.gym.resources_server.sessions import SessionStore, TooManySessionsError
 from nemo_tau2.tau2_env import domains, prompts
@@ -44,7 +45,9 @@ TOOL_ERROR_HEADER = "X-Tau2-Tool-Error"
 ASSUMED_TERMINATION = "agent_stop"
 
 
-class Tau2ResourcesServerConfig(BaseResourcesServerConfig):
+class Tau2ResourcesServerConfig(GymInstanceConfigMixin, BaseResourcesServerConfig):
+    model_config = ConfigDict(extra="allow")
+
     domains: list[str] = Field(
         default=["airline", "retail", "telecom"],
         description="Domains whose data is loaded at start-up (others load on first use).",
@@ -146,6 +149,7 @@ class Tau2ResourcesServer(FastMiddlewareMixin, SimpleResourcesServer):
         app = super().setup_webserver()
         app.add_middleware(BodySizeLimitMiddleware, max_bytes=self.config.max_request_bytes)
         app.get("/session_stats")(self.session_stats)
+        app.post("/end_session")(self.end_session)
         app.post("/user_tools/{tool_name}")(self.user_tool)
         app.post("/{tool_name}")(self.agent_tool)
         return app
@@ -237,6 +241,10 @@ class Tau2ResourcesServer(FastMiddlewareMixin, SimpleResourcesServer):
                 "reward_info": reward_info,
             }
         )
+
+    async def end_session(self, request: Request) -> dict[str, bool]:
+        """Drop the episode without scoring it (the agent calls this when the episode failed for other reasons)."""
+        return {"ended": self._sessions.pop(request.session.get(SESSION_ID_KEY)) is not None}
 
     async def session_stats(self) -> dict[str, int]:
         self._sessions.evict_idle()

@@ -1,0 +1,156 @@
+"""The tau2 agent as a NeMo-Gym agent server: ``/run`` plays one whole tau2 episode with a simulated user.
+
+``/run`` takes one dataset row (``responses_create_params`` with the policy's system prompt, tools and greeting;
+``domain``; ``task_id``) and answers with the resources server's ``/verify`` response (tau2's reward, its
+components, the whole transcript in ``response.output`` with per-turn token ids) plus episode data (turns, steps,
+termination, token contiguity, timings). An episode that fails for infrastructure reasons (a model or the
+resources server unreachable, timing out or erroring after retries) answers HTTP 502 with
+``status: infrastructure_error`` and the cause: it is never a zero reward.
+
+The policy is NeMo-Gym's ``model_server`` (``policy_model``: ``vllm_model`` for endpoints that return token ids,
+``openai_model`` otherwise), so NeMo-RL, which points ``policy_model`` at its own vLLM servers, runs it unchanged.
+The user simulator is a separate model server (``user_model_server``).
+"""
+
+import logging
+from typing import Any
+
+from fastapi import Body, FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse
+from nemo_gym.base_resources_server import BaseRunRequest
+from nemo_gym.base_responses_api_agent import BaseResponsesAPIAgentConfig, SimpleResponsesAPIAgent
+from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
+from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
+from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
+
+from nemo_tau2.gym.agent.http_client import GymHttpClient, RetryConfig
+from nemo_tau2.gym.agent.orchestrator import Endpoints, EpisodeOrchestrator, EpisodeSettings
+from nemo_tau2.gym.config_keys import GymInstanceConfigMixin
+from nemo_tau2.gym.fast_middleware import FastMiddlewareMixin
+from nemo_tau2.tau2_env import DOMAINS
+
+logger = logging.getLogger(__name__)
+
+
+class Tau2AgentConfig(GymInstanceConfigMixin, BaseResponsesAPIAgentConfig):
+    model_config = ConfigDict(extra="allow")
+
+    resources_server: ResourcesServerRef
+    model_server: ModelServerRef = Field(description="The policy's model server (NeMo-RL points it at its vLLM).")
+    user_model_server: ModelServerRef | None = Field(
+        default=None, description="The user simulator's model server: required, and better not the policy's."
+    )
+    domains: list[str] = Field(default=["airline", "retail", "telecom"], description="Domains this agent plays.")
+    max_steps: int = Field(default=200, gt=0, description="tau2's max_steps (every message hop counts).")
+    max_errors: int = Field(default=10, gt=0, description="tau2's max_errors: tool errors before termination.")
+    max_turns: int | None = Field(default=None, gt=0, description="Policy turns before termination (ours).")
+    user_responses_create_params: dict[str, Any] = Field(
+        default={"temperature": 0.0}, description="Sampling params of user simulator calls (tau2: temperature 0)."
+    )
+    user_seed: int | None = Field(
+        default=300, description="tau2's run seed: sample k of a task gets tau2's trial-k seed. null: send none."
+    )
+    user_empty_retries: int = Field(default=2, ge=0, description="Retries of an empty user message before user_error.")
+    policy_retry: RetryConfig = RetryConfig()
+    user_retry: RetryConfig = RetryConfig()
+    resources_retry: RetryConfig = RetryConfig(timeout_s=120.0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _user_model_required(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not data.get("user_model_server"):
+            raise ValueError(
+                "tau2_agent needs a user simulator: set user_model_server to a responses_api_models instance "
+                "(e.g. {type: responses_api_models, name: user_model}) pointing at its own endpoint"
+            )
+        return data
+
+    @field_validator("domains")
+    @classmethod
+    def _known_domains(cls, value: list[str]) -> list[str]:
+        unknown = [domain for domain in value if domain not in DOMAINS]
+        if unknown:
+            raise ValueError(f"unknown domain(s) {unknown}; tau2 domains are: {', '.join(DOMAINS)}")
+        return value
+
+    @field_validator("user_responses_create_params")
+    @classmethod
+    def _no_top_k_or_stop(cls, value: dict[str, Any]) -> dict[str, Any]:
+        banned = sorted(set(value) & {"top_k", "stop", "stop_strings", "input", "tools"})
+        if banned:
+            raise ValueError(f"user_responses_create_params may not set {banned} (not OpenAI-compatible or set "
+                             "by the agent)")
+        return value
+
+
+class Tau2AgentRunRequest(BaseRunRequest):
+    model_config = ConfigDict(extra="allow")
+
+    domain: str
+    task_id: str
+
+    @field_validator("task_id", mode="before")
+    @classmethod
+    def _task_id_as_text(cls, value: Any) -> Any:
+        return str(value) if isinstance(value, int) else value
+
+
+class Tau2Agent(FastMiddlewareMixin, SimpleResponsesAPIAgent):
+    config: Tau2AgentConfig
+    _orchestrator: EpisodeOrchestrator = PrivateAttr()
+    _http: GymHttpClient = PrivateAttr()
+
+    def model_post_init(self, context: Any) -> None:
+        global_config = self.server_client.global_config_dict
+        urls = {}
+        for role, ref in (("resources", self.config.resources_server), ("policy", self.config.model_server),
+                          ("user", self.config.user_model_server)):
+            if ref.name not in global_config:
+                raise ValueError(f"{self.config.name}: its {role} server {ref.name!r} is not in the config "
+                                 f"(top-level keys: {sorted(global_config)})")
+            urls[role] = _instance_url(global_config, ref.name)
+        if self.config.user_model_server.name == self.config.model_server.name:
+            logger.warning("the user simulator is the policy's own model server (self-play): scores are not "
+                           "comparable with tau2's, which uses a separate user model")
+        self._http = GymHttpClient()
+        settings = EpisodeSettings(
+            max_steps=self.config.max_steps,
+            max_errors=self.config.max_errors,
+            max_turns=self.config.max_turns,
+            user_params=self.config.user_responses_create_params,
+            user_seed=self.config.user_seed,
+            user_empty_retries=self.config.user_empty_retries,
+            policy_retry=self.config.policy_retry,
+            user_retry=self.config.user_retry,
+            resources_retry=self.config.resources_retry,
+        )
+        self._orchestrator = EpisodeOrchestrator(self._http, Endpoints(**urls), settings)
+        return super().model_post_init(context)
+
+    def setup_webserver(self) -> FastAPI:
+        app = super().setup_webserver()
+        app.router.on_shutdown.append(self._http.close)
+        return app
+
+    async def responses(self, body: NeMoGymResponseCreateParamsNonStreaming = Body()) -> Any:
+        raise HTTPException(
+            status_code=400,
+            detail="tau2_agent plays whole episodes with a simulated user: POST the dataset row to /run",
+        )
+
+    async def run(self, request: Request, body: Tau2AgentRunRequest) -> JSONResponse:
+        if body.domain not in self.config.domains:
+            raise HTTPException(status_code=400, detail=f"domain {body.domain!r} is not served by this agent "
+                                                        f"(domains: {self.config.domains})")
+        status, payload = await self._orchestrator.run(body.model_dump(exclude_unset=True))
+        return JSONResponse(content=payload, status_code=status)
+
+
+def _instance_url(global_config: Any, name: str) -> str:
+    (block,) = global_config[name].values()
+    (instance,) = block.values()
+    return f"http://{instance['host']}:{instance['port']}"
+
+
+if __name__ == "__main__":
+    Tau2Agent.run_webserver()

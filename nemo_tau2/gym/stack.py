@@ -1,0 +1,78 @@
+"""The four NeMo-Gym servers of a tau2 run, as launcher specs: resources server, agent, policy and user models.
+
+The policy model server is NeMo-Gym's ``vllm_model`` (``return_token_id_information: true`` for training and for
+endpoints that speak the vLLM surface) or ``openai_model`` (any OpenAI-compatible endpoint, no token ids); the user
+simulator gets its own model server of either kind. Instance names follow NeMo-Gym/NeMo-RL conventions
+(``policy_model``), so the same names work in a ``gym env start`` config.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from nemo_tau2.gym.launch import ServerSpec
+
+RESOURCES_SERVER = "tau2_resources_server"
+AGENT = "tau2_agent"
+POLICY_MODEL = "policy_model"
+USER_MODEL = "user_model"
+
+_MODEL_SERVER_CLASSES = {
+    "vllm_model": "responses_api_models.vllm_model.app:VLLMModel",
+    "openai_model": "responses_api_models.openai_model.app:SimpleModelServer",
+}
+
+
+@dataclass
+class ModelEndpoint:
+    """An OpenAI-compatible endpoint and how the Gym model server in front of it talks to it."""
+
+    base_urls: list[str]  # each ending in /v1
+    model: str
+    api_key: str = "EMPTY"
+    server: Literal["vllm_model", "openai_model"] = "vllm_model"
+    return_token_ids: bool = False  # vllm_model only: per-turn token ids and logprobs (training)
+    extra: dict[str, Any] = field(default_factory=dict)  # more keys for the model server's config
+
+
+def model_server_spec(name: str, endpoint: ModelEndpoint) -> ServerSpec:
+    if endpoint.server == "vllm_model":
+        config = {
+            "base_url": endpoint.base_urls,
+            "api_key": endpoint.api_key,
+            "model": endpoint.model,
+            "return_token_id_information": endpoint.return_token_ids,
+            "uses_reasoning_parser": False,
+        }
+    else:
+        if len(endpoint.base_urls) != 1 or endpoint.return_token_ids:
+            raise ValueError(f"{name}: openai_model takes exactly one base URL and returns no token ids")
+        config = {"openai_base_url": endpoint.base_urls[0], "openai_api_key": endpoint.api_key,
+                  "openai_model": endpoint.model}
+    return ServerSpec(name, "responses_api_models", endpoint.server, _MODEL_SERVER_CLASSES[endpoint.server],
+                      config | endpoint.extra)
+
+
+def tau2_stack(
+    policy: ModelEndpoint,
+    user: ModelEndpoint,
+    domains: list[str],
+    agent_config: dict[str, Any] | None = None,
+    resources_config: dict[str, Any] | None = None,
+) -> list[ServerSpec]:
+    """Specs for the resources server, the agent and the two model servers, wired by name."""
+    ref = {"type": "responses_api_models"}
+    agent = {
+        "resources_server": {"type": "resources_servers", "name": RESOURCES_SERVER},
+        "model_server": ref | {"name": POLICY_MODEL},
+        "user_model_server": ref | {"name": USER_MODEL},
+        "domains": domains,
+        **(agent_config or {}),
+    }
+    return [
+        ServerSpec(RESOURCES_SERVER, "resources_servers", "tau2",
+                   "nemo_tau2.gym.resources_server.app:Tau2ResourcesServer",
+                   {"domain": "agent", "domains": domains, **(resources_config or {})}),
+        ServerSpec(AGENT, "responses_api_agents", "tau2_agent", "nemo_tau2.gym.agent.app:Tau2Agent", agent),
+        model_server_spec(POLICY_MODEL, policy),
+        model_server_spec(USER_MODEL, user),
+    ]
