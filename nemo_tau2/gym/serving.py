@@ -17,6 +17,7 @@ import sys
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+from pydantic import ValidationError
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,16 @@ def build_app(server):
     return app
 
 
+def describe_validation_error(error: ValidationError) -> str:
+    """One line per problem: the dotted key and pydantic's message (no traceback, no input dump)."""
+    problems = []
+    for item in error.errors():
+        location = ".".join(str(part) for part in item["loc"] if part not in ("config",))
+        message = item["msg"].removeprefix("Value error, ")
+        problems.append(f"{location}: {message}" if location else message)
+    return "; ".join(problems)
+
+
 def load_class(path: str) -> type:
     module_name, _, class_name = path.partition(":")
     return getattr(importlib.import_module(module_name), class_name)
@@ -71,7 +82,12 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     os.environ[CONFIG_PATH_ENV] = args.instance_name
     global_config = OmegaConf.create(os.environ[CONFIG_DICT_ENV])
-    server = build_server(load_class(args.server_class), args.instance_name, global_config)
+    try:
+        server = build_server(load_class(args.server_class), args.instance_name, global_config)
+    except ValidationError as e:
+        sys.exit(f"config error in server {args.instance_name!r}: {describe_validation_error(e)}")
+    except (KeyError, ValueError) as e:
+        sys.exit(f"config error in server {args.instance_name!r}: {e}")
     app = build_app(server)
     import uvicorn
 

@@ -46,10 +46,14 @@ def model_server_spec(name: str, endpoint: ModelEndpoint) -> ServerSpec:
     else:
         if len(endpoint.base_urls) != 1 or endpoint.return_token_ids:
             raise ValueError(f"{name}: openai_model takes exactly one base URL and returns no token ids")
-        config = {"openai_base_url": endpoint.base_urls[0], "openai_api_key": endpoint.api_key,
-                  "openai_model": endpoint.model}
-    return ServerSpec(name, "responses_api_models", endpoint.server, _MODEL_SERVER_CLASSES[endpoint.server],
-                      config | endpoint.extra)
+        config = {
+            "openai_base_url": endpoint.base_urls[0],
+            "openai_api_key": endpoint.api_key,
+            "openai_model": endpoint.model,
+        }
+    return ServerSpec(
+        name, "responses_api_models", endpoint.server, _MODEL_SERVER_CLASSES[endpoint.server], config | endpoint.extra
+    )
 
 
 def tau2_stack(
@@ -69,9 +73,13 @@ def tau2_stack(
         **(agent_config or {}),
     }
     return [
-        ServerSpec(RESOURCES_SERVER, "resources_servers", "tau2",
-                   "nemo_tau2.gym.resources_server.app:Tau2ResourcesServer",
-                   {"domain": "agent", "domains": domains, **(resources_config or {})}),
+        ServerSpec(
+            RESOURCES_SERVER,
+            "resources_servers",
+            "tau2",
+            "nemo_tau2.gym.resources_server.app:Tau2ResourcesServer",
+            {"domain": "agent", "domains": domains, **(resources_config or {})},
+        ),
         ServerSpec(AGENT, "responses_api_agents", "tau2_agent", "nemo_tau2.gym.agent.app:Tau2Agent", agent),
         model_server_spec(POLICY_MODEL, policy),
         model_server_spec(USER_MODEL, user),

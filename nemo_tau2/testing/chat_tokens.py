@@ -236,13 +236,15 @@ def render_prompt(
     messages: Sequence[dict[str, Any]],
     tools: Sequence[dict[str, Any]] | None = None,
     add_generation_prompt: bool = True,
+    prefix_correction: bool = True,
 ) -> PromptTokens:
-    """The prompt for a chat request, with the prefix-correction splice (see the module docstring).
+    """The prompt for a chat request, with the prefix-correction splice (see the module docstring) unless
+    ``prefix_correction`` is off.
 
     Raises:
         TemplateError: a message the template cannot render, named by its index.
     """
-    carrier = _last_token_carrier(messages)
+    carrier = _last_token_carrier(messages) if prefix_correction else None
     pieces: list[_Piece] = []
     if carrier is None:
         if tools:

@@ -69,6 +69,11 @@ class FakeServerConfig(BaseModel):
         description="when completions carry prompt_token_ids and choices[0].token_ids: always, or (as vLLM) only "
         "for requests with return_token_ids=true; the prompt ids are most of a response's bytes",
     )
+    prefix_correction: bool = Field(
+        True,
+        description="honour prompt_token_ids + generation_token_ids carried on assistant messages (NeMo-RL's vLLM "
+        "server does; stock vLLM does not): false re-renders history, so token-inconsistent scripts break contiguity",
+    )
     key_field: str = Field(
         "user", description="request field with the conversation key: a top-level field, or 'metadata.<name>'"
     )
@@ -104,6 +109,7 @@ class ControlRequest(BaseModel):
     clear_faults: bool = False
     faults: list[FaultSpec] = Field(default_factory=list, description="fault rules to add")
     latency_ms: float | None = Field(None, ge=0.0)
+    prefix_correction: bool | None = Field(None, description="switch the splice on or off (see FakeServerConfig)")
     clear_scripts: bool = False
     scripts: dict[str, ScriptSpec] = Field(default_factory=dict, description="scripts to register by exact key")
     tau2: Tau2ScriptsConfig | None = Field(None, description="replace how tau2 keys are played")

@@ -72,6 +72,7 @@ class FakeEngine:
     def __init__(self, config: FakeServerConfig, providers: Sequence[ScriptProvider] = ()) -> None:
         self.config = config
         self.latency_s = config.latency_ms / 1000
+        self.prefix_correction = config.prefix_correction
         self.registered = RegisteredScripts()
         for key, spec in config.scripts.items():
             self.registered.register(key, spec.to_script())
@@ -95,6 +96,8 @@ class FakeEngine:
             self.faults.add(spec)
         if control.latency_ms is not None:
             self.latency_s = control.latency_ms / 1000
+        if control.prefix_correction is not None:
+            self.prefix_correction = control.prefix_correction
         if control.clear_scripts:
             self.registered.clear()
         for key, spec in control.scripts.items():
@@ -147,7 +150,7 @@ class FakeEngine:
         script = self.script_for(key)
         turn = script.respond(ScriptRequest(key, messages, tools, self.tracker.turn_index(key, messages)))
         _check_tool_choice(body.get("tool_choice"), turn, key)
-        prompt = chat_tokens.render_prompt(messages, tools)
+        prompt = chat_tokens.render_prompt(messages, tools, prefix_correction=self.prefix_correction)
         prompt_tokens = len(prompt)
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         self._check_context(prompt_tokens, max_tokens)
@@ -181,7 +184,9 @@ class FakeEngine:
             add_generation_prompt = body.get("add_generation_prompt", True)
             if not isinstance(add_generation_prompt, bool):
                 raise RequestError(f"add_generation_prompt must be a boolean, got {add_generation_prompt!r}")
-            prompt = chat_tokens.render_prompt(messages, tools, add_generation_prompt)
+            prompt = chat_tokens.render_prompt(
+                messages, tools, add_generation_prompt, prefix_correction=self.prefix_correction
+            )
             count, tokens = len(prompt), orjson.Fragment(prompt.json())
         elif isinstance(body.get("prompt"), str):
             tokens = chat_tokens.encode(body["prompt"])

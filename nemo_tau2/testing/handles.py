@@ -62,6 +62,10 @@ class FakeServerHandle(ABC):
     def set_latency(self, latency_ms: float) -> None:
         self.control(ControlRequest(latency_ms=latency_ms))
 
+    def set_prefix_correction(self, enabled: bool) -> None:
+        """Honour (True) or ignore (False) token ids carried on assistant messages, as NeMo-RL's vLLM / stock vLLM."""
+        self.control(ControlRequest(prefix_correction=enabled))
+
     def register_script(self, key: str, script: Script | ScriptSpec | Sequence[Turn]) -> None:
         """Answer conversation ``key`` with ``script`` (a list of turns is a :class:`TurnListScript`)."""
         self.control(ControlRequest(scripts={key: script_spec(script)}))
@@ -81,10 +85,11 @@ class FakeServerHandle(ABC):
         self.control(ControlRequest(tau2=config))
 
     def reset(self) -> None:
-        """Clear faults, registered scripts, stats and conversation turn bases; latency back to 0."""
+        """Clear faults, registered scripts, stats and conversation turn bases; latency back to 0, splice back on."""
         self.control(
             ControlRequest(
-                clear_faults=True, clear_scripts=True, reset_stats=True, reset_conversations=True, latency_ms=0.0
+                clear_faults=True, clear_scripts=True, reset_stats=True, reset_conversations=True, latency_ms=0.0,
+                prefix_correction=True,
             )
         )
 

@@ -78,8 +78,9 @@ class Tau2AgentConfig(GymInstanceConfigMixin, BaseResponsesAPIAgentConfig):
     def _no_top_k_or_stop(cls, value: dict[str, Any]) -> dict[str, Any]:
         banned = sorted(set(value) & {"top_k", "stop", "stop_strings", "input", "tools"})
         if banned:
-            raise ValueError(f"user_responses_create_params may not set {banned} (not OpenAI-compatible or set "
-                             "by the agent)")
+            raise ValueError(
+                f"user_responses_create_params may not set {banned} (not OpenAI-compatible or set by the agent)"
+            )
         return value
 
 
@@ -103,15 +104,22 @@ class Tau2Agent(FastMiddlewareMixin, SimpleResponsesAPIAgent):
     def model_post_init(self, context: Any) -> None:
         global_config = self.server_client.global_config_dict
         urls = {}
-        for role, ref in (("resources", self.config.resources_server), ("policy", self.config.model_server),
-                          ("user", self.config.user_model_server)):
+        for role, ref in (
+            ("resources", self.config.resources_server),
+            ("policy", self.config.model_server),
+            ("user", self.config.user_model_server),
+        ):
             if ref.name not in global_config:
-                raise ValueError(f"{self.config.name}: its {role} server {ref.name!r} is not in the config "
-                                 f"(top-level keys: {sorted(global_config)})")
+                raise ValueError(
+                    f"{self.config.name}: its {role} server {ref.name!r} is not in the config "
+                    f"(top-level keys: {sorted(global_config)})"
+                )
             urls[role] = _instance_url(global_config, ref.name)
         if self.config.user_model_server.name == self.config.model_server.name:
-            logger.warning("the user simulator is the policy's own model server (self-play): scores are not "
-                           "comparable with tau2's, which uses a separate user model")
+            logger.warning(
+                "the user simulator is the policy's own model server (self-play): scores are not "
+                "comparable with tau2's, which uses a separate user model"
+            )
         self._http = GymHttpClient()
         settings = EpisodeSettings(
             max_steps=self.config.max_steps,
@@ -140,8 +148,10 @@ class Tau2Agent(FastMiddlewareMixin, SimpleResponsesAPIAgent):
 
     async def run(self, request: Request, body: Tau2AgentRunRequest) -> JSONResponse:
         if body.domain not in self.config.domains:
-            raise HTTPException(status_code=400, detail=f"domain {body.domain!r} is not served by this agent "
-                                                        f"(domains: {self.config.domains})")
+            raise HTTPException(
+                status_code=400,
+                detail=f"domain {body.domain!r} is not served by this agent (domains: {self.config.domains})",
+            )
         status, payload = await self._orchestrator.run(body.model_dump(exclude_unset=True))
         return JSONResponse(content=payload, status_code=status)
 

@@ -38,7 +38,7 @@ class JsonResponse:
     status: int
     body: Any  # parsed JSON, or the raw text when the body is not JSON
     text: str
-    headers: dict[str, str]
+    headers: dict[str, str]  # names lower-cased
     cookies: dict[str, str]
 
 
@@ -84,7 +84,10 @@ class GymHttpClient:
                 await asyncio.sleep(min(retry.backoff_s * 2 ** (attempt - 2), retry.max_backoff_s))
             try:
                 async with self._http().post(
-                    url, data=data, headers=request_headers, cookies=cookies,
+                    url,
+                    data=data,
+                    headers=request_headers,
+                    cookies=cookies,
                     timeout=aiohttp.ClientTimeout(total=retry.timeout_s),
                 ) as response:
                     raw = await response.read()
@@ -98,7 +101,8 @@ class GymHttpClient:
                         except orjson.JSONDecodeError:
                             body = text
                         if not (expect_json and response.ok and not isinstance(body, dict | list)):
-                            return JsonResponse(response.status, body, text, dict(response.headers), returned_cookies)
+                            headers = {key.lower(): value for key, value in response.headers.items()}
+                            return JsonResponse(response.status, body, text, headers, returned_cookies)
                         cause = f"HTTP {response.status} with a body that is not a JSON object: {text[:200]!r}"
             except TimeoutError:
                 cause = f"no answer within {retry.timeout_s:g} s"

@@ -31,12 +31,13 @@ from nemo_tau2.gym.agent.tool_calls import ParsedCall, calls_from_text, parse_ar
 logger = logging.getLogger(__name__)
 
 USER_STOP_TOKENS = ("###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###")  # tau2.user.base
-TOOL_ERROR_HEADER = "X-Tau2-Tool-Error"
+TOOL_ERROR_HEADER = "x-tau2-tool-error"  # lower case: JsonResponse.headers
 TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
 _TOOL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
 # Routes of the resources server that are not tools: a policy "calling" them gets tau2's unknown-tool error.
-_RESERVED_ROUTES = frozenset({"seed_session", "verify", "aggregate_metrics", "session_stats", "end_session",
-                              "user_tools"})
+_RESERVED_ROUTES = frozenset(
+    {"seed_session", "verify", "aggregate_metrics", "session_stats", "end_session", "user_tools"}
+)
 AGENT, USER, ENV = "agent", "user", "env"
 
 
@@ -220,8 +221,11 @@ class EpisodeOrchestrator:
         }
         started = time.perf_counter()
         response = await self.http.post(
-            self.endpoints.policy + "/v1/responses", body, self.settings.policy_retry,
-            cookies=state.policy_cookies, what="policy model call",
+            self.endpoints.policy + "/v1/responses",
+            body,
+            self.settings.policy_retry,
+            cookies=state.policy_cookies,
+            what="policy model call",
         )
         state.seconds["policy"] += time.perf_counter() - started
         if response.status != 200:
@@ -252,8 +256,11 @@ class EpisodeOrchestrator:
         for _ in range(self.settings.user_empty_retries + 1):
             started = time.perf_counter()
             response = await self.http.post(
-                self.endpoints.user + "/v1/responses", body, self.settings.user_retry,
-                cookies=state.user_cookies, what="user simulator call",
+                self.endpoints.user + "/v1/responses",
+                body,
+                self.settings.user_retry,
+                cookies=state.user_cookies,
+                what="user simulator call",
             )
             state.seconds["user"] += time.perf_counter() - started
             if response.status != 200:
@@ -280,12 +287,17 @@ class EpisodeOrchestrator:
                 output, failed = f"Error: Tool '{call.name}' not found.", True  # tau2's wording
             else:
                 response = await self._resources_post(
-                    state, f"{prefix}/{call.name}", call.arguments, f"tool call {call.name}",
-                    headers={"X-Tool-Call-Id": call_id}, expect_json=False,
+                    state,
+                    f"{prefix}/{call.name}",
+                    call.arguments,
+                    f"tool call {call.name}",
+                    headers={"X-Tool-Call-Id": call_id},
+                    expect_json=False,
                 )
                 if response.status != 200:
-                    raise InfrastructureError(f"tool route /{call.name} answered HTTP {response.status}: "
-                                              f"{response.text[:500]}")
+                    raise InfrastructureError(
+                        f"tool route /{call.name} answered HTTP {response.status}: {response.text[:500]}"
+                    )
                 output, failed = response.text, response.headers.get(TOOL_ERROR_HEADER) == "1"
             state.errors += failed
             history.append({"type": "function_call_output", "call_id": call_id, "output": output})
@@ -307,8 +319,12 @@ class EpisodeOrchestrator:
 
     async def _resources_post(self, state: EpisodeState, path: str, payload: Any, what: str, **kwargs) -> JsonResponse:
         response = await self.http.post(
-            self.endpoints.resources + path, payload, self.settings.resources_retry,
-            cookies=state.resources_cookies, what=what, **kwargs,
+            self.endpoints.resources + path,
+            payload,
+            self.settings.resources_retry,
+            cookies=state.resources_cookies,
+            what=what,
+            **kwargs,
         )
         state.resources_cookies = response.cookies or state.resources_cookies
         return response
@@ -317,8 +333,13 @@ class EpisodeOrchestrator:
         if not state.resources_cookies:
             return
         try:
-            await self.http.post(self.endpoints.resources + "/end_session", {}, RetryConfig(timeout_s=10,
-                                 max_attempts=1), cookies=state.resources_cookies, what="ending the session")
+            await self.http.post(
+                self.endpoints.resources + "/end_session",
+                {},
+                RetryConfig(timeout_s=10, max_attempts=1),
+                cookies=state.resources_cookies,
+                what="ending the session",
+            )
         except InfrastructureError as e:
             logger.info("could not end the failed episode's session (it will expire): %s", e)
 
@@ -339,20 +360,36 @@ class EpisodeOrchestrator:
             return Turn(items, text, [], truncated)
         return self._text_calls_as_items(items, parsed, leftover, truncated)
 
-    def _text_calls_as_items(self, items: list[dict], parsed: list[ParsedCall], leftover: str, truncated: bool) -> Turn:
+    def _text_calls_as_items(
+        self, items: list[dict], parsed: list[ParsedCall], leftover: str, truncated: bool
+    ) -> Turn:
         """Calls the policy wrote as text become function_call items, so history shows them as calls; the turn's
         token ids move to the new last item (they describe the whole generation either way)."""
         token_fields = {key: items[-1][key] for key in TOKEN_FIELDS if key in items[-1]} if items else {}
         kept = [item for item in items if item.get("type") not in ("message",)]
         if leftover:
-            kept.append({"type": "message", "role": "assistant", "status": "completed",
-                         "id": f"msg_{uuid.uuid4().hex[:12]}",
-                         "content": [{"type": "output_text", "text": leftover, "annotations": []}]})
+            kept.append(
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "status": "completed",
+                    "id": f"msg_{uuid.uuid4().hex[:12]}",
+                    "content": [{"type": "output_text", "text": leftover, "annotations": []}],
+                }
+            )
         calls = []
         for call in parsed:
             call_id = f"call_{uuid.uuid4().hex[:12]}"
-            kept.append({"type": "function_call", "call_id": call_id, "name": call.name or "unknown",
-                         "arguments": call.raw_arguments, "status": "completed", "id": f"fc_{call_id}"})
+            kept.append(
+                {
+                    "type": "function_call",
+                    "call_id": call_id,
+                    "name": call.name or "unknown",
+                    "arguments": call.raw_arguments,
+                    "status": "completed",
+                    "id": f"fc_{call_id}",
+                }
+            )
             calls.append((call_id, call))
         for item in kept:
             for key in TOKEN_FIELDS:

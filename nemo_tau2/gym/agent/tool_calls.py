@@ -34,7 +34,9 @@ def parse_arguments(name: str, raw_arguments: str) -> ParsedCall:
     except json.JSONDecodeError as e:
         return ParsedCall(name, None, raw_arguments, f"arguments are not valid JSON ({e})")
     if not isinstance(arguments, dict):
-        return ParsedCall(name, None, raw_arguments, f"arguments must be a JSON object, got {type(arguments).__name__}")
+        return ParsedCall(
+            name, None, raw_arguments, f"arguments must be a JSON object, got {type(arguments).__name__}"
+        )
     return ParsedCall(name, arguments, raw_arguments)
 
 

@@ -1,0 +1,84 @@
+"""A whole tau2 stack for agent tests: the fake model server (policy and user) behind NeMo-Gym's real vllm_model
+servers, the real resources server and the real agent server, all on 127.0.0.1."""
+
+import asyncio
+from dataclasses import dataclass
+
+import aiohttp
+import pytest
+
+from nemo_tau2.gym.launch import GymServers
+from nemo_tau2.gym.stack import AGENT, ModelEndpoint, tau2_stack
+from nemo_tau2.tau2_env.gym_rows import task_row
+from nemo_tau2.testing import start_fake_server
+from nemo_tau2.testing.scripts import Turn, TurnListScript
+
+FAST_RETRY = {"timeout_s": 3.0, "max_attempts": 3, "backoff_s": 0.05, "max_backoff_s": 0.2}
+
+
+class SwitchableProvider:
+    """Scripts chosen by the test for the next episodes; ``None`` leaves the conversation to the tau2 scripts."""
+
+    def __init__(self):
+        self.policy: TurnListScript | None = None
+        self.user: TurnListScript | None = None
+
+    def script_for(self, key: str):
+        if key.endswith("|policy"):
+            return self.policy
+        if key.endswith("|user"):
+            return self.user
+        return None
+
+
+@dataclass
+class Stack:
+    fake: object
+    provider: SwitchableProvider
+    agent_url: str
+    servers: GymServers
+
+    def run(self, domain: str, task_id: str, **row_fields) -> tuple[int, dict]:
+        return asyncio.run(self.run_many([(domain, task_id, row_fields)]))[0]
+
+    async def run_many(self, jobs, concurrency: int = 16) -> list[tuple[int, dict]]:
+        gate = asyncio.Semaphore(concurrency)
+        timeout = aiohttp.ClientTimeout(total=300)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+
+            async def one(domain, task_id, fields):
+                async with gate:
+                    async with http.post(f"{self.agent_url}/run", json=task_row(domain, task_id) | fields) as r:
+                        return r.status, await r.json()
+
+            return await asyncio.gather(*(one(*job) for job in jobs))
+
+
+@pytest.fixture(scope="package")
+def stack():
+    provider = SwitchableProvider()
+    with start_fake_server(providers=[provider]) as fake:
+        specs = tau2_stack(
+            ModelEndpoint([fake.base_url], "fake-policy", return_token_ids=True),
+            ModelEndpoint([fake.base_url], "fake-user"),
+            domains=["airline", "retail", "telecom"],
+            agent_config={"policy_retry": FAST_RETRY, "user_retry": FAST_RETRY},
+        )
+        with GymServers(specs) as servers:
+            yield Stack(fake, provider, servers.url(AGENT), servers)
+
+
+@pytest.fixture
+def fresh_stack(stack):
+    """The shared stack with the fake back to oracle policy + scripted user, no faults, after the test too."""
+    stack.fake.reset()
+    stack.fake.set_tau2_scripts()
+    stack.provider.policy = stack.provider.user = None
+    yield stack
+    stack.fake.reset()
+    stack.fake.set_tau2_scripts()
+    stack.provider.policy = stack.provider.user = None
+
+
+def say(*texts: str) -> TurnListScript:
+    return TurnListScript([Turn.say(text) for text in texts])

@@ -1,0 +1,120 @@
+"""Whole episodes through the real agent and resources servers: oracle policy + scripted user, every termination."""
+
+import asyncio
+
+import pytest
+import requests
+
+from nemo_tau2.tau2_env import domains
+from nemo_tau2.testing import PolicyScriptConfig, UserScriptConfig
+from nemo_tau2.testing.scripts import Turn, TurnListScript
+from tests.unit.gym.agent.conftest import say
+
+
+@pytest.mark.parametrize("domain", ["airline", "retail", "telecom"])
+def test_oracle_policy_and_scripted_user_score_one_on_every_base_task(fresh_stack, domain):
+    tasks = domains.get_tasks(domain, "base")
+    results = asyncio.run(fresh_stack.run_many([(domain, task.id, {}) for task in tasks]))
+    failures = [
+        (task.id, status, body.get("reward"), body.get("termination_reason"), body.get("error"))
+        for task, (status, body) in zip(tasks, results, strict=True)
+        if status != 200 or body["reward"] != 1.0 or body["termination_reason"] != "user_stop"
+    ]
+    assert failures == []
+    for _, body in results:
+        assert body["status"] == "ok" and body["success"] is True
+        assert body["token_contiguity"]["breaks"] == [] and body["token_contiguity"]["checked_turns"] == body["num_turns"]
+        assert body["num_errors"] < 10  # a few gold actions fail in tau2 too (its evaluator ignores them)
+
+
+def test_transcript_carries_token_ids_per_policy_turn_and_the_user_inline(fresh_stack):
+    status, body = fresh_stack.run("airline", "11")
+    assert status == 200 and body["reward"] == 1.0
+    output = body["response"]["output"]
+    with_tokens = [item for item in output if item.get("generation_token_ids")]
+    assert len(with_tokens) == body["num_turns"]
+    for item in with_tokens:
+        assert len(item["generation_token_ids"]) == len(item["generation_log_probs"]) > 0
+        assert all(isinstance(token, int) for token in item["prompt_token_ids"])
+    assert [item["role"] for item in output if item.get("role") == "user"]  # simulated user messages inline
+    calls = [item for item in output if item.get("type") == "function_call"]
+    results = [item for item in output if item.get("type") == "function_call_output"]
+    assert [c["call_id"] for c in calls] == [r["call_id"] for r in results]
+
+
+@pytest.mark.parametrize(
+    ("ending", "expected_text"), [("###TRANSFER###", "###TRANSFER###"), ("###OUT-OF-SCOPE###", "###OUT-OF-SCOPE###")]
+)
+def test_transfer_and_out_of_scope_endings_are_user_stops(fresh_stack, ending, expected_text):
+    fresh_stack.fake.set_tau2_scripts(user=UserScriptConfig(ending=ending))
+    status, body = fresh_stack.run("retail", domains.get_tasks("retail", "test")[0].id)
+    assert status == 200 and body["termination_reason"] == "user_stop"
+    last_user = [item for item in body["response"]["output"] if item.get("role") == "user"][-1]
+    assert expected_text in last_user["content"]
+
+
+def test_transfer_to_a_human_is_a_user_stop(fresh_stack):
+    fresh_stack.fake.set_tau2_scripts(policy=PolicyScriptConfig(variant="transfer"))
+    status, body = fresh_stack.run("airline", "11")
+    assert status == 200 and body["termination_reason"] == "user_stop"
+    assert any(item.get("name") == "transfer_to_human_agents" for item in body["response"]["output"])
+
+
+def test_a_conversation_that_never_ends_stops_at_max_steps(fresh_stack):
+    fresh_stack.provider.policy = say()  # keeps repeating its closing question
+    fresh_stack.provider.user = TurnListScript([], closing_text="Hmm, let me think.")
+    status, body = fresh_stack.run("airline", "11")
+    assert status == 200
+    assert (body["termination_reason"], body["truncated_by"], body["num_steps"]) == ("max_steps", "max_steps", 200)
+    assert body["reward"] == 0.0
+
+
+def test_ten_tool_errors_end_the_episode(fresh_stack):
+    fresh_stack.provider.policy = TurnListScript([Turn.call("launch_rocket", {"target": "moon"})] * 20)
+    status, body = fresh_stack.run("airline", "11")
+    assert status == 200
+    assert body["termination_reason"] == "too_many_errors" and body["num_errors"] == 10 and body["reward"] == 0.0
+    outputs = [item["output"] for item in body["response"]["output"] if item.get("type") == "function_call_output"]
+    assert outputs[0] == "Error: Tool 'launch_rocket' not found."
+
+
+def test_malformed_text_tool_calls_are_tool_errors(fresh_stack):
+    fresh_stack.provider.policy = TurnListScript([Turn.say('<tool_call>{"name": "get_user_details", "argu')] * 20)
+    status, body = fresh_stack.run("airline", "11")
+    assert status == 200 and body["termination_reason"] == "too_many_errors"
+    outputs = [item["output"] for item in body["response"]["output"] if item.get("type") == "function_call_output"]
+    assert outputs[0].startswith("Error: malformed tool call")
+
+
+def test_tool_calls_written_as_text_are_executed(fresh_stack):
+    task = domains.get_task("airline", "11")
+    action = task.evaluation_criteria.actions[0]
+    fresh_stack.provider.policy = TurnListScript(
+        [Turn.say(f'<tool_call>{{"name": "{action.name}", "arguments": {__import__("json").dumps(action.arguments)}}}'
+                  "</tool_call>"),
+         Turn.say("The refund is 5244. Is there anything else I can help you with?")]
+    )
+    status, body = fresh_stack.run("airline", "11")
+    assert status == 200 and body["reward"] == 1.0 and body["num_errors"] == 0
+    assert body["token_contiguity"]["breaks"] == []
+
+
+def test_an_empty_agent_message_is_an_agent_error(fresh_stack):
+    fresh_stack.provider.policy = say("   ")
+    status, body = fresh_stack.run("airline", "11")
+    assert status == 200 and body["termination_reason"] == "agent_error" and body["reward"] == 0.0
+
+
+def test_an_empty_user_message_is_retried_then_a_user_error(fresh_stack):
+    fresh_stack.provider.user = TurnListScript([], closing_text="  ")
+    status, body = fresh_stack.run("airline", "11")
+    assert status == 200 and body["termination_reason"] == "user_error"
+    user_calls = fresh_stack.fake.stats().requests_by_key
+    assert sum(count for key, count in user_calls.items() if key.endswith("|user")) == 3  # 1 + 2 retries
+
+
+def test_agent_rejects_an_unserved_domain_and_single_responses_calls(fresh_stack):
+    status, body = fresh_stack.run("mock", domains.get_tasks("mock", "base")[0].id)
+    assert status == 400 and "not served by this agent" in body["detail"]
+    response = requests.post(f"{fresh_stack.agent_url}/v1/responses", json={"input": "hi"})
+    assert response.status_code == 400 and "/run" in response.json()["detail"]
