@@ -20,7 +20,6 @@ from nemo_tau2.tau2_env import DOMAINS
 from nemo_tau2.tau2_env.session_db import fork_database
 
 
-
 class UnknownDomainError(ValueError):
     """A domain name tau2 does not have."""
 

@@ -15,9 +15,9 @@ Typical use::
         assert fake.stats().requests_by_key[key] == 2
 """
 
+from nemo_tau2.experience.contiguity import ContiguityBreak, check_contiguity
 from nemo_tau2.testing.chat_tokens import ALT_SPACE_ID, SPECIAL_TOKENS, VOCAB_SIZE, TemplateError, prompt_ids
 from nemo_tau2.testing.config import ControlRequest, FakeServerConfig, ScriptSpec, TurnSpec
-from nemo_tau2.experience.contiguity import ContiguityBreak, check_contiguity
 from nemo_tau2.testing.engine import FakeEngine, FakeStats, RequestError
 from nemo_tau2.testing.faults import FaultKind, FaultSpec
 from nemo_tau2.testing.handles import FakeServerHandle

@@ -88,7 +88,11 @@ class FakeServerHandle(ABC):
         """Clear faults, registered scripts, stats and conversation turn bases; latency back to 0, splice back on."""
         self.control(
             ControlRequest(
-                clear_faults=True, clear_scripts=True, reset_stats=True, reset_conversations=True, latency_ms=0.0,
+                clear_faults=True,
+                clear_scripts=True,
+                reset_stats=True,
+                reset_conversations=True,
+                latency_ms=0.0,
                 prefix_correction=True,
             )
         )

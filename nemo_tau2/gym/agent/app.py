@@ -15,8 +15,8 @@ The user simulator is a separate model server (``user_model_server``).
 import logging
 from typing import Any
 
-from fastapi import Body, FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse
+import orjson
+from fastapi import Body, FastAPI, HTTPException, Request, Response
 from nemo_gym.base_resources_server import BaseRunRequest
 from nemo_gym.base_responses_api_agent import BaseResponsesAPIAgentConfig, SimpleResponsesAPIAgent
 from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
@@ -146,14 +146,15 @@ class Tau2Agent(FastMiddlewareMixin, SimpleResponsesAPIAgent):
             detail="tau2_agent plays whole episodes with a simulated user: POST the dataset row to /run",
         )
 
-    async def run(self, request: Request, body: Tau2AgentRunRequest) -> JSONResponse:
+    async def run(self, request: Request, body: Tau2AgentRunRequest) -> Response:
         if body.domain not in self.config.domains:
             raise HTTPException(
                 status_code=400,
                 detail=f"domain {body.domain!r} is not served by this agent (domains: {self.config.domains})",
             )
         status, payload = await self._orchestrator.run(body.model_dump(exclude_unset=True))
-        return JSONResponse(content=payload, status_code=status)
+        # orjson: a transcript with per-turn token ids is megabytes, and the stdlib encoder was the agent's hot spot.
+        return Response(content=orjson.dumps(payload), media_type="application/json", status_code=status)
 
 
 def _instance_url(global_config: Any, name: str) -> str:

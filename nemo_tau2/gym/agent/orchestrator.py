@@ -80,6 +80,21 @@ def _message(role: str, text: str) -> dict:
     return {"type": "message", "role": role, "content": text}
 
 
+def _without_token_ids(item: dict) -> dict:
+    return {key: value for key, value in item.items() if key not in TOKEN_FIELDS}
+
+
+def _with_last_token_ids_only(items: list[dict]) -> list[dict]:
+    """History for the next model call: only the last policy turn keeps its token ids. The prefix correction
+    (NeMo-RL's vLLM server, our hf server) needs only that turn's prompt + generation ids, and sending every turn's
+    ids would make each request grow with the square of the episode length."""
+    last = max((i for i, item in enumerate(items) if "prompt_token_ids" in item), default=-1)
+    return [
+        item if i == last or "prompt_token_ids" not in item else _without_token_ids(item)
+        for i, item in enumerate(items)
+    ]
+
+
 def _is_stop(text: str) -> bool:
     return any(token in text for token in USER_STOP_TOKENS)
 
@@ -216,7 +231,7 @@ class EpisodeOrchestrator:
     async def _policy_turn(self, state: EpisodeState) -> Turn | None:
         params = {key: value for key, value in state.row["responses_create_params"].items() if key != "input"}
         body = params | {
-            "input": self._row_input(state) + state.outputs,
+            "input": self._row_input(state) + _with_last_token_ids_only(state.outputs),
             "user": f"tau2|{state.domain}|{state.task_id}|{state.conversation_id}|policy",
         }
         started = time.perf_counter()
@@ -306,15 +321,19 @@ class EpisodeOrchestrator:
     async def _verify(self, state: EpisodeState) -> dict:
         started = time.perf_counter()
         extras = {key: value for key, value in state.row.items() if key not in ("responses_create_params",)}
+        final_response = self._final_response(state)
+        # The reward needs no token ids: verify the transcript without them (a fraction of the bytes), then put the
+        # full output back into the answer.
         body = extras | {
             "responses_create_params": state.row["responses_create_params"],
-            "response": self._final_response(state),
+            "response": final_response | {"output": [_without_token_ids(item) for item in state.outputs]},
             "termination_reason": state.termination_reason,
         }
         response = await self._resources_post(state, "/verify", body, "verifying the episode")
         state.seconds["verify"] += time.perf_counter() - started
         if response.status != 200:
             raise InfrastructureError(f"/verify answered HTTP {response.status}: {response.text[:500]}")
+        response.body["response"] = final_response
         return response.body
 
     async def _resources_post(self, state: EpisodeState, path: str, payload: Any, what: str, **kwargs) -> JsonResponse:
@@ -399,10 +418,8 @@ class EpisodeOrchestrator:
 
     def _record_tokens(self, state: EpisodeState, items: list[dict]) -> None:
         for item in items:
-            if item.get("generation_token_ids") is not None:
-                state.token_turns.append(
-                    ([int(t) for t in item["prompt_token_ids"]], [int(t) for t in item["generation_token_ids"]])
-                )
+            if item.get("generation_token_ids") is not None:  # ints: vllm_model validated them
+                state.token_turns.append((item["prompt_token_ids"], item["generation_token_ids"]))
 
     @staticmethod
     def _count_usage(state: EpisodeState, body: dict) -> None:

@@ -47,9 +47,8 @@ class Stack:
         async with aiohttp.ClientSession(timeout=timeout) as http:
 
             async def one(domain, task_id, fields):
-                async with gate:
-                    async with http.post(f"{self.agent_url}/run", json=task_row(domain, task_id) | fields) as r:
-                        return r.status, await r.json()
+                async with gate, http.post(f"{self.agent_url}/run", json=task_row(domain, task_id) | fields) as r:
+                    return r.status, await r.json()
 
             return await asyncio.gather(*(one(*job) for job in jobs))
 

@@ -23,7 +23,9 @@ def test_oracle_policy_and_scripted_user_score_one_on_every_base_task(fresh_stac
     assert failures == []
     for _, body in results:
         assert body["status"] == "ok" and body["success"] is True
-        assert body["token_contiguity"]["breaks"] == [] and body["token_contiguity"]["checked_turns"] == body["num_turns"]
+        assert (
+            body["token_contiguity"]["breaks"] == [] and body["token_contiguity"]["checked_turns"] == body["num_turns"]
+        )
         assert body["num_errors"] < 10  # a few gold actions fail in tau2 too (its evaluator ignores them)
 
 
@@ -90,9 +92,13 @@ def test_tool_calls_written_as_text_are_executed(fresh_stack):
     task = domains.get_task("airline", "11")
     action = task.evaluation_criteria.actions[0]
     fresh_stack.provider.policy = TurnListScript(
-        [Turn.say(f'<tool_call>{{"name": "{action.name}", "arguments": {__import__("json").dumps(action.arguments)}}}'
-                  "</tool_call>"),
-         Turn.say("The refund is 5244. Is there anything else I can help you with?")]
+        [
+            Turn.say(
+                f'<tool_call>{{"name": "{action.name}", "arguments": {__import__("json").dumps(action.arguments)}}}'
+                "</tool_call>"
+            ),
+            Turn.say("The refund is 5244. Is there anything else I can help you with?"),
+        ]
     )
     status, body = fresh_stack.run("airline", "11")
     assert status == 200 and body["reward"] == 1.0 and body["num_errors"] == 0

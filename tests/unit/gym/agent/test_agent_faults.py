@@ -17,11 +17,16 @@ def _live_sessions(stack) -> int:
 
 @pytest.mark.parametrize(
     ("kind", "key_pattern", "cause"),
-    [("http_500", POLICY, "policy model"), ("timeout", POLICY, "no answer within 3 s"),
-     ("garbage", USER, "user simulator"), ("http_503", USER, "user simulator")],
+    [
+        ("http_500", POLICY, "policy model"),
+        ("timeout", POLICY, "no answer within 3 s"),
+        ("garbage", USER, "user simulator"),
+        ("http_503", USER, "user simulator"),
+    ],
 )
-def test_an_endpoint_that_keeps_failing_ends_the_episode_as_an_infrastructure_error(fresh_stack, kind, key_pattern,
-                                                                                      cause):
+def test_an_endpoint_that_keeps_failing_ends_the_episode_as_an_infrastructure_error(
+    fresh_stack, kind, key_pattern, cause
+):
     fresh_stack.fake.inject_fault(kind, count=None, key_pattern=key_pattern, hold_s=30)
     started = time.monotonic()
     status, body = fresh_stack.run("airline", "11")
