@@ -1,0 +1,288 @@
+"""``run_async_nemo_gym_rollout``: many tau2 episodes at once through the Gym agent, for GRPO and for evaluation.
+
+Mirrors NeMo-RL's function of the same name (``nemo_rl/experience/rollouts.py``): the rows come already repeated
+``num_generations`` times and contiguous per prompt group; each row's ``responses_create_params`` gets the
+sampling parameters (``temperature``, ``top_p``, ``max_output_tokens = min(row, max_new_tokens)``; ``top_k`` and
+stop strings are never sent); every episode runs concurrently (bounded) as one POST to the agent's ``/run``; and
+prompt groups are yielded as soon as all their episodes finished, in completion order. The sync wrapper returns the
+whole batch in input order.
+
+Each episode becomes a :class:`RolloutResult`: NeMo-RL's ``message_log`` (per policy turn, the new prompt tokens as a
+``user`` message and the generated tokens with their logprobs as an ``assistant`` message: exactly the ids the
+generator saw and produced), tau2's reward and components, ``success``, termination, token counts and timings.
+An episode whose servers failed is a result with ``status="infrastructure_error"`` and no reward: callers exclude
+it (evaluation counts it apart, GRPO drops it), never score it 0.
+"""
+
+import asyncio
+import copy
+import logging
+import statistics
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+
+from nemo_tau2.experience.contiguity import check_contiguity
+
+logger = logging.getLogger(__name__)
+
+OK = "ok"
+INFRASTRUCTURE_ERROR = "infrastructure_error"
+NORMAL_TERMINATIONS = frozenset({"user_stop", "agent_stop"})
+COMPONENT_KEYS = ("db_match", "action_match_fraction", "write_action_match_fraction", "env_assertion_fraction",
+                  "communicate_fraction")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """NeMo-RL's ``GenerationSamplingParams``: what every policy call of a rollout samples with."""
+
+    temperature: float
+    top_p: float
+    max_new_tokens: int | None = None
+    top_k: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.top_k is not None:
+            raise ValueError(f"top_k must be None for NeMo-Gym rollouts (not OpenAI-compatible), got {self.top_k}")
+
+
+@dataclass
+class RolloutResult:
+    """One episode. ``reward``/``success`` are None exactly when ``status`` is an infrastructure error."""
+
+    row_index: int
+    group_index: int
+    sample_index: int
+    domain: str
+    task_id: str
+    status: str
+    reward: float | None = None
+    success: bool | None = None
+    reward_components: dict[str, Any] = field(default_factory=dict)
+    termination_reason: str | None = None
+    truncated_by: str | None = None
+    error: str | None = None
+    message_log: list[dict[str, Any]] = field(default_factory=list)
+    token_contiguity_breaks: list[str] = field(default_factory=list)
+    num_turns: int = 0
+    num_user_turns: int = 0
+    num_steps: int = 0
+    num_tool_errors: int = 0
+    num_truncated_generations: int = 0
+    prompt_tokens: int = 0  # the first turn's prompt
+    total_tokens: int = 0  # prompt + every generation (what training sees)
+    generation_tokens: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+    full_result: dict[str, Any] | None = None  # the agent's /run answer (transcript, reward info)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+
+@dataclass
+class RolloutGroup:
+    """The ``num_generations`` episodes of one prompt (input order within the group)."""
+
+    group_index: int
+    results: list[RolloutResult]
+
+
+def apply_sampling_params(row: dict, sampling: SamplingParams) -> dict:
+    """A copy of the row whose ``responses_create_params`` carry the sampling parameters."""
+    if "responses_create_params" not in row:
+        raise ValueError(f"a Gym row needs responses_create_params; got keys {sorted(row)}")
+    row = copy.copy(row)
+    params = dict(row["responses_create_params"])
+    params["temperature"] = sampling.temperature
+    params["top_p"] = sampling.top_p
+    if sampling.max_new_tokens is not None:
+        params["max_output_tokens"] = min(params.get("max_output_tokens") or sampling.max_new_tokens,
+                                          sampling.max_new_tokens)
+    row["responses_create_params"] = params
+    return row
+
+
+def message_log_from_output(output: list[dict]) -> tuple[list[dict], list[str]]:
+    """NeMo-RL's message log from a transcript's policy turns (items carrying ``generation_token_ids``).
+
+    Stops at the first turn whose prompt does not extend what came before (token ids would no longer be the
+    sequence the model saw); the breaks are returned so callers can drop or report the episode.
+    """
+    turns = [(item["prompt_token_ids"], item["generation_token_ids"], item.get("generation_log_probs") or [])
+             for item in output if item.get("generation_token_ids")]
+    breaks = check_contiguity([(prompt, generated) for prompt, generated, _ in turns])
+    first_break = min((b.turn for b in breaks), default=len(turns))
+    log, seen = [], 0
+    for prompt, generated, logprobs in turns[:first_break]:
+        log.append({"role": "user", "content": "", "token_ids": list(prompt[seen:])})
+        log.append({"role": "assistant", "content": "", "token_ids": list(generated),
+                    "generation_logprobs": list(logprobs)})
+        seen = len(prompt) + len(generated)
+    return log, [str(b) for b in breaks]
+
+
+def result_from_response(row: dict, row_index: int, group_index: int, sample_index: int, status_code: int,
+                         body: Any, keep_full_result: bool) -> RolloutResult:
+    """Turn the agent's answer into a :class:`RolloutResult` (a non-200 is an infrastructure error)."""
+    base = {"row_index": row_index, "group_index": group_index, "sample_index": sample_index,
+            "domain": str(row.get("domain")), "task_id": str(row.get("task_id"))}
+    if status_code != 200 or not isinstance(body, dict) or body.get("status", OK) != OK:
+        error = body.get("error") if isinstance(body, dict) else None
+        detail = error or (body.get("detail") if isinstance(body, dict) else None) or str(body)[:500]
+        return RolloutResult(**base, status=INFRASTRUCTURE_ERROR, error=f"agent /run HTTP {status_code}: {detail}",
+                             full_result=body if keep_full_result and isinstance(body, dict) else None)
+    output = (body.get("response") or {}).get("output") or []
+    log, breaks = message_log_from_output(output)
+    generated = sum(len(m["token_ids"]) for m in log if m["role"] == "assistant")
+    total = sum(len(m["token_ids"]) for m in log)
+    return RolloutResult(
+        **base,
+        status=OK,
+        reward=float(body["reward"]),
+        success=bool(body["success"]),
+        reward_components={key: body.get(key) for key in COMPONENT_KEYS},
+        termination_reason=body.get("termination_reason"),
+        truncated_by=body.get("truncated_by"),
+        message_log=log,
+        token_contiguity_breaks=breaks,
+        num_turns=body.get("num_turns", 0),
+        num_user_turns=body.get("num_user_turns", 0),
+        num_steps=body.get("num_steps", 0),
+        num_tool_errors=body.get("num_errors", 0),
+        num_truncated_generations=body.get("num_truncated_generations", 0),
+        prompt_tokens=len(log[0]["token_ids"]) if log else 0,
+        total_tokens=total,
+        generation_tokens=generated,
+        timings=body.get("timings") or {},
+        full_result=body if keep_full_result else None,
+    )
+
+
+def _check_batch(rows: Sequence[dict], num_generations: int) -> None:
+    if num_generations <= 0:
+        raise ValueError(f"num_generations must be positive, got {num_generations}")
+    if not rows:
+        raise ValueError("the rollout batch is empty")
+    if len(rows) % num_generations:
+        raise ValueError(f"{len(rows)} rows are not a whole number of groups of num_generations={num_generations}")
+    for start in range(0, len(rows), num_generations):
+        group = rows[start : start + num_generations]
+        keys = {(str(r.get("domain")), str(r.get("task_id")), (r.get("agent_ref") or {}).get("name")) for r in group}
+        if len(keys) != 1:
+            raise ValueError(f"rows {start}..{start + num_generations - 1} should be one prompt group (same domain, "
+                             f"task_id and agent_ref.name), got {sorted(keys, key=str)}")
+
+
+async def run_async_nemo_gym_rollout(
+    rows: Sequence[dict],
+    agent_urls: dict[str, str],
+    sampling: SamplingParams,
+    num_generations: int,
+    max_concurrency: int = 256,
+    keep_full_result: bool = False,
+    request_timeout_s: float = 7200.0,
+) -> AsyncIterator[RolloutGroup]:
+    """Roll out every row; yield each prompt group once all its ``num_generations`` episodes are done.
+
+    Args:
+        rows: Gym rows, repeated ``num_generations`` times, contiguous per group. A row may carry ``sample_index``
+            (which sample of its task it is: the user simulator's seed and the fake's scripts use it); it defaults
+            to its position in the group.
+        agent_urls: agent server name (``agent_ref.name``) -> ``http://host:port``.
+        sampling: the policy's sampling parameters.
+        num_generations: episodes per prompt group.
+        max_concurrency: episodes in flight at once.
+        keep_full_result: keep the agent's whole answer (transcript, reward info) on each result.
+        request_timeout_s: bound on one whole episode (the agent has its own per-call limits).
+    """
+    _check_batch(rows, num_generations)
+    gate = asyncio.Semaphore(max_concurrency)
+    connector = aiohttp.TCPConnector(limit=max_concurrency + 8)
+    timeout = aiohttp.ClientTimeout(total=request_timeout_s)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
+
+        async def episode(row_index: int) -> RolloutResult:
+            group_index, position = divmod(row_index, num_generations)
+            row = apply_sampling_params(rows[row_index], sampling)
+            row.setdefault("sample_index", position)
+            name = (row.get("agent_ref") or {}).get("name")
+            if name not in agent_urls:
+                raise ValueError(f"row {row_index} names agent {name!r}; running agents: {sorted(agent_urls)}")
+            async with gate:
+                try:
+                    async with http.post(f"{agent_urls[name]}/run", data=orjson.dumps(row),
+                                         headers={"Content-Type": "application/json"}) as response:
+                        raw = await response.read()
+                        status = response.status
+                    body = orjson.loads(raw)
+                except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as e:
+                    status, body = 0, {"error": f"{type(e).__name__}: {e}"}
+            return result_from_response(row, row_index, group_index, row["sample_index"], status, body,
+                                        keep_full_result)
+
+        pending: dict[int, list[RolloutResult | None]] = {}
+        tasks = [asyncio.create_task(episode(i)) for i in range(len(rows))]
+        try:
+            for finished in asyncio.as_completed(tasks):
+                result = await finished
+                slots = pending.setdefault(result.group_index, [None] * num_generations)
+                slots[result.row_index % num_generations] = result
+                if all(slot is not None for slot in slots):
+                    yield RolloutGroup(result.group_index, pending.pop(result.group_index))
+        finally:
+            for task in tasks:
+                task.cancel()
+
+
+def run_nemo_gym_rollout_sync(rows: Sequence[dict], agent_urls: dict[str, str], sampling: SamplingParams,
+                              num_generations: int, **kwargs: Any) -> list[RolloutResult]:
+    """Every episode of the batch, in input order (not callable from inside a running event loop)."""
+
+    async def collect() -> list[RolloutResult]:
+        results: list[RolloutResult] = []
+        async for group in run_async_nemo_gym_rollout(rows, agent_urls, sampling, num_generations, **kwargs):
+            results.extend(group.results)
+        return sorted(results, key=lambda r: r.row_index)
+
+    return asyncio.run(collect())
+
+
+def rollout_metrics(results: Sequence[RolloutResult], wall_s: float | None = None) -> dict[str, float]:
+    """Batch metrics with NeMo-RL's names where they exist (``turns_per_sample``, ``natural_termination_rate``...)."""
+    valid = [r for r in results if r.ok]
+    metrics: dict[str, float] = {
+        "num_episodes": len(results),
+        "num_infrastructure_errors": len(results) - len(valid),
+    }
+    if wall_s:
+        metrics["episodes_per_s"] = len(results) / wall_s
+    if not valid:
+        return metrics
+    rewards = [r.reward for r in valid]
+
+    def mean(values):
+        return statistics.fmean(values) if values else 0.0
+
+    metrics |= {
+        "total_reward/mean": mean(rewards),
+        "total_reward/max": max(rewards),
+        "total_reward/min": min(rewards),
+        "success_rate": mean([float(r.success) for r in valid]),
+        "turns_per_sample": mean([r.num_turns for r in valid]),
+        "user_turns_per_sample": mean([r.num_user_turns for r in valid]),
+        "total_tokens_per_sample": mean([r.total_tokens for r in valid]),
+        "gen_tokens_per_sample": mean([r.generation_tokens for r in valid]),
+        "natural_termination_rate": mean([float(r.termination_reason in NORMAL_TERMINATIONS) for r in valid]),
+        "truncation_rate": mean([float(r.truncated_by is not None) for r in valid]),
+        "token_contiguity_break_rate": mean([float(bool(r.token_contiguity_breaks)) for r in valid]),
+        "tool_errors_per_sample": mean([r.num_tool_errors for r in valid]),
+    }
+    for reason in sorted({r.termination_reason for r in valid}):
+        metrics[f"termination/{reason}"] = mean([float(r.termination_reason == reason) for r in valid])
+    return metrics
+
