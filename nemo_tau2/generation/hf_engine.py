@@ -78,6 +78,8 @@ class HFEngine:
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
         self.weight_version = 0
+        self.largest_batch = 0
+        """Most requests generated together so far (observability for tests and benchmarks)."""
         self.weights_lock = threading.Lock()
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.end_of_turn_ids)
         self._queue: queue.Queue[_Pending | None] = queue.Queue()
@@ -201,6 +203,7 @@ class HFEngine:
     def _serve_batches(self) -> None:
         while (batch := self._next_batch()) is not None:
             rows = [self._row(p.request) for p in batch]
+            self.largest_batch = max(self.largest_batch, len(rows))
             try:
                 with self.weights_lock:
                     outputs = generate_batch(self.model, rows, self.end_of_turn_ids, self._pad_id)

@@ -59,16 +59,36 @@ def weight_update_routes(engine: HFEngine):
     return add
 
 
+def check_model_source(model_name: str) -> None:
+    """Fail fast, before loading anything, when ``model_name`` is neither a model directory nor in the HF cache."""
+    path = Path(model_name).expanduser()
+    if path.exists() or model_name.startswith((".", "/", "~")):
+        if not (path / "config.json").is_file():
+            raise GenerationStartupError(
+                f"policy.generation.model_name: {model_name!r} is not a model directory (no config.json there); "
+                "give a directory written by save_pretrained or a cached Hugging Face model id"
+            )
+        return
+    from huggingface_hub import try_to_load_from_cache
+
+    if not isinstance(try_to_load_from_cache(model_name, "config.json"), str):
+        raise GenerationStartupError(
+            f"policy.generation.model_name: {model_name!r} is neither a local directory nor in the local Hugging "
+            f"Face cache, and nothing is downloaded at run time; download it first (`hf download {model_name}`) "
+            "or give a directory"
+        )
+
+
 def load_pretrained(model_name: str, dtype: str, device: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Model and tokenizer from a local directory or the local Hugging Face cache (never the network)."""
+    check_model_source(model_name)
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_name, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(model_name, local_files_only=True, torch_dtype=_DTYPES[dtype])
-    except OSError as e:
+    except (OSError, ValueError) as e:
+        first_line = str(e).splitlines()[0][:300]
         raise GenerationStartupError(
-            f"policy.generation.model_name: cannot load {model_name!r} from a local directory or the Hugging Face "
-            f"cache (nothing is downloaded at run time); give a directory made with save_pretrained or download "
-            f"it first ({e.__class__.__name__}: {str(e).splitlines()[0]})"
+            f"policy.generation.model_name: cannot load {model_name!r} ({e.__class__.__name__}: {first_line})"
         ) from e
     return model.to(device), tokenizer
 

@@ -127,6 +127,9 @@ def _start_hf(cfg: GenerationConfig, model: Any, tokenizer: Any) -> GenerationHa
     hf_cfg = cfg.backend_block
     assert isinstance(hf_cfg, HfConfig) and cfg.model_name is not None
     if not hf_cfg.in_process:
+        from nemo_tau2.generation.hf_server import check_model_source
+
+        check_model_source(cfg.model_name)
         if model is not None:
             raise ValueError("start_generation: a model object can only be served with hf_cfg.in_process: true")
         return _start_hf_subprocess(cfg, hf_cfg)

@@ -28,6 +28,7 @@ from nemo_tau2.generation.protocol import (
     error_body,
     logprobs_content,
     normalize_messages,
+    normalize_tools,
 )
 from nemo_tau2.generation.tool_calls import ParsedOutput, parse_hermes_tool_calls
 
@@ -47,7 +48,7 @@ async def prompt_ids_for(
     """The prompt token ids for a chat: the template's rendering, spliced onto recorded ids when a message has them."""
     prefix = find_token_prefix(messages)
     rendered = await engine.render(
-        normalize_messages(messages), tools or None, chat_template_kwargs or {}, add_generation_prompt
+        normalize_messages(messages), normalize_tools(tools), chat_template_kwargs or {}, add_generation_prompt
     )
     if prefix is None:
         return rendered
@@ -90,7 +91,7 @@ async def chat_completion(engine: Engine, body: ChatCompletionRequest) -> dict[s
             top_p=DEFAULT_TOP_P if body.top_p is None else body.top_p,
             seed=body.seed,
             top_logprobs=top_logprobs,
-            tools=allowed_tools if mode != "none" else None,
+            tools=normalize_tools(allowed_tools) if mode != "none" else None,
             tool_choice=mode,
         )
     )

@@ -177,6 +177,22 @@ def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return normalized
 
 
+def normalize_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Tools in one key order (type, function: name, description, parameters, rest), whatever order the client
+    used: templates render them with ``tojson``, so the same tools always give the same prompt."""
+    if not tools:
+        return None
+    normalized = []
+    for index, tool in enumerate(tools):
+        function = tool.get("function")
+        if tool.get("type", "function") != "function" or not isinstance(function, dict) or "name" not in function:
+            raise BadRequestError(f"tools[{index}]: must be {{type: function, function: {{name, ...}}}}")
+        ordered = {key: function[key] for key in ("name", "description", "parameters") if key in function}
+        ordered |= {key: value for key, value in function.items() if key not in ordered and key != "strict"}
+        normalized.append({"type": "function", "function": ordered})
+    return normalized
+
+
 def _token_label(token: TokenLogprob, as_ids: bool) -> str:
     return f"token_id:{token.token_id}" if as_ids else token.text
 

@@ -44,25 +44,33 @@ class SurfaceReport:
     problems: list[str] = field(default_factory=list)
 
 
+def call_json(
+    method: str, url: str, body: dict[str, Any] | None = None, *, api_key: str = "EMPTY", timeout_s: float = 300.0
+) -> tuple[int, Any]:
+    """One HTTP call with a JSON body; returns (status, decoded JSON or text) for any status."""
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"}
+    request = urllib.request.Request(url, data=data, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            status, raw = response.status, response.read()
+    except urllib.error.HTTPError as e:
+        status, raw = e.code, e.read()
+    try:
+        return status, json.loads(raw) if raw else None
+    except json.JSONDecodeError:
+        return status, raw.decode(errors="replace")
+
+
 class _Client:
     def __init__(self, base_url: str, api_key: str, timeout_s: float) -> None:
         self.base = base_url.rstrip("/")
         self.root = self.base.removesuffix("/v1")
-        self.headers = {"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"}
+        self.api_key = api_key
         self.timeout_s = timeout_s
 
     def call(self, method: str, url: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(url, data=data, headers=self.headers, method=method)
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                status, raw = response.status, response.read()
-        except urllib.error.HTTPError as e:
-            status, raw = e.code, e.read()
-        try:
-            return status, json.loads(raw) if raw else None
-        except json.JSONDecodeError:
-            return status, raw.decode(errors="replace")
+        return call_json(method, url, body, api_key=self.api_key, timeout_s=self.timeout_s)
 
 
 _HELLO = [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "Say hello."}]
