@@ -144,9 +144,7 @@ class HFEngine:
 
     def update_weights_from_checkpoint(self, checkpoint_dir: str) -> int:
         """Load a ``save_pretrained`` directory and copy its weights in (see :meth:`update_weights`)."""
-        loaded = AutoModelForCausalLM.from_pretrained(
-            checkpoint_dir, local_files_only=True, torch_dtype=self.model.dtype
-        )
+        loaded = AutoModelForCausalLM.from_pretrained(checkpoint_dir, local_files_only=True, dtype=self.model.dtype)
         return self.update_weights(loaded.state_dict())
 
     def close(self) -> None:

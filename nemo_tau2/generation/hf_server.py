@@ -84,7 +84,7 @@ def load_pretrained(model_name: str, dtype: str, device: str) -> tuple[PreTraine
     check_model_source(model_name)
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_name, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(model_name, local_files_only=True, torch_dtype=_DTYPES[dtype])
+        model = AutoModelForCausalLM.from_pretrained(model_name, local_files_only=True, dtype=_DTYPES[dtype])
     except (OSError, ValueError) as e:
         first_line = str(e).splitlines()[0][:300]
         raise GenerationStartupError(

@@ -26,7 +26,10 @@ def test_one_call_is_structured_and_removed_from_content():
 
 
 def test_text_around_calls_stays_content_and_several_calls_keep_their_order():
-    text = 'Checking.\n<tool_call>{"name": "a", "arguments": {}}</tool_call>\n<tool_call>{"name": "b", "arguments": {"x": 1}}</tool_call>'
+    text = (
+        'Checking.\n<tool_call>{"name": "a", "arguments": {}}</tool_call>\n'
+        '<tool_call>{"name": "b", "arguments": {"x": 1}}</tool_call>'
+    )
     parsed = parse_hermes_tool_calls(text)
     assert parsed.content == "Checking."
     assert [c["function"]["name"] for c in parsed.tool_calls] == ["a", "b"]
