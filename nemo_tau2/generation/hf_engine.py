@@ -81,11 +81,18 @@ class HFEngine:
         self.largest_batch = 0
         """Most requests generated together so far (observability for tests and benchmarks)."""
         self.weights_lock = threading.Lock()
+        # Fast tokenizers mutate their truncation/padding state while encoding: one encoder at a time.
+        self._encode_lock = threading.Lock()
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.end_of_turn_ids)
         self._queue: queue.Queue[_Pending | None] = queue.Queue()
         self._token_text: dict[int, str] = {}
         self._worker = threading.Thread(target=self._serve_batches, name="hf-generation", daemon=True)
         self._worker.start()
+
+    @property
+    def running(self) -> bool:
+        """Whether the generation worker thread is alive."""
+        return self._worker is not None and self._worker.is_alive()
 
     # ---- Engine protocol -------------------------------------------------------------------------------------
 
@@ -99,13 +106,14 @@ class HFEngine:
         return await asyncio.to_thread(self._render, messages, tools, chat_template_kwargs, add_generation_prompt)
 
     async def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=add_special_tokens).input_ids
+        with self._encode_lock:
+            return self.tokenizer(text, add_special_tokens=add_special_tokens).input_ids
 
     async def detokenize(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids)
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
-        if self._worker is None or not self._worker.is_alive():
+        if not self.running:
             raise RuntimeError("the hf generation worker has stopped")
         future: concurrent.futures.Future = concurrent.futures.Future()
         self._queue.put(_Pending(request, future))
@@ -162,6 +170,10 @@ class HFEngine:
     # ---- internals -------------------------------------------------------------------------------------------
 
     def _render(self, messages, tools, chat_template_kwargs, add_generation_prompt) -> list[int]:
+        with self._encode_lock:
+            return self._render_locked(messages, tools, chat_template_kwargs, add_generation_prompt)
+
+    def _render_locked(self, messages, tools, chat_template_kwargs, add_generation_prompt) -> list[int]:
         try:
             text = self.tokenizer.apply_chat_template(
                 messages,

@@ -62,6 +62,8 @@ def test_sampled_token_ids_detokenize_to_the_returned_text(hf_handle, taught_tin
     root = hf_handle.base_urls[0].removesuffix("/v1")
     status, detok = call_json("POST", f"{root}/detokenize", {"tokens": generated})
     assert status == 200 and detok["prompt"] == taught_tiny.tokenizer.decode(generated)
+    status, tok = call_json("POST", f"{root}/tokenize", {"prompt": detok["prompt"]})
+    assert status == 200 and tok["tokens"] == taught_tiny.tokenizer(detok["prompt"]).input_ids
 
 
 def test_logprobs_match_a_forward_pass_before_and_after_an_in_place_update(taught_tiny):
@@ -137,6 +139,9 @@ def test_shutdown_stops_the_server_and_frees_its_port(taught_tiny):
     port = int(root.rsplit(":", 1)[1])
     handle.shutdown()
     handle.shutdown()  # idempotent
-    with socket.socket() as probe:
+    with socket.socket() as probe, pytest.raises(ConnectionRefusedError):
+        probe.connect(("127.0.0.1", port))
+    with socket.socket() as probe:  # free again (connections in TIME_WAIT do not block a listener)
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         probe.bind(("127.0.0.1", port))
-    assert not handle.engine._worker
+    assert not handle.engine.running
