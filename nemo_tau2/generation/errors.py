@@ -21,3 +21,7 @@ class BadRequestError(ValueError):
     def __init__(self, message: str, status: int = 400) -> None:
         super().__init__(message)
         self.status = status
+
+
+class EngineError(RuntimeError):
+    """The model backend failed while serving a valid request (HTTP 500): an infrastructure failure."""

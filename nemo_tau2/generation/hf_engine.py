@@ -24,7 +24,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from nemo_tau2.generation.engine import GeneratedToken, GenerationRequest, GenerationResult, TokenLogprob
-from nemo_tau2.generation.errors import BadRequestError
+from nemo_tau2.generation.errors import BadRequestError, EngineError
 from nemo_tau2.generation.hf_generate import RowOutput, RowRequest, generate_batch
 
 logger = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ class HFEngine:
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         if not self.running:
-            raise RuntimeError("the hf generation worker has stopped")
+            raise EngineError("the hf generation worker has stopped")
         future: concurrent.futures.Future = concurrent.futures.Future()
         self._queue.put(_Pending(request, future))
         return await asyncio.wrap_future(future)
@@ -165,7 +165,7 @@ class HFEngine:
         while not self._queue.empty():
             pending = self._queue.get_nowait()
             if pending is not None:
-                pending.future.set_exception(RuntimeError("the hf engine was shut down"))
+                pending.future.set_exception(EngineError("the hf engine was shut down"))
 
     # ---- internals -------------------------------------------------------------------------------------------
 
@@ -220,7 +220,7 @@ class HFEngine:
             except Exception as e:  # the worker must survive a failing batch; each caller gets the error
                 logger.exception("hf generation batch failed")
                 for pending in batch:
-                    pending.future.set_exception(e)
+                    pending.future.set_exception(EngineError(f"generation failed: {e!r}"))
                 continue
             for pending, output in zip(batch, outputs, strict=True):
                 pending.future.set_result(self._result(output))

@@ -21,16 +21,12 @@ from typing import Any
 import aiohttp
 
 from nemo_tau2.generation.engine import GeneratedToken, GenerationRequest, GenerationResult, TokenLogprob
-from nemo_tau2.generation.errors import BadRequestError
+from nemo_tau2.generation.errors import BadRequestError, EngineError
 
 logger = logging.getLogger(__name__)
 
 _WORD_TRIGGER = 1  # llama.cpp common_grammar_trigger_type: WORD
 _END_MARKERS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "</s>")
-
-
-class UpstreamError(RuntimeError):
-    """llama.cpp failed in a way that is not the request's fault."""
 
 
 def tool_call_grammar(tools: list[dict[str, Any]]) -> str:
@@ -107,14 +103,18 @@ class LlamaCppEngine:
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
-        async with self._session.post(f"{self.upstream}{path}", json=body) as response:
-            payload = await response.json(content_type=None)
-            if response.status >= 500:
-                raise UpstreamError(f"llama.cpp {path} failed with HTTP {response.status}: {payload}")
-            if response.status >= 400:
-                message = (payload.get("error") or {}).get("message") if isinstance(payload, dict) else payload
-                raise BadRequestError(f"llama.cpp rejected the request: {message}")
-            return payload
+        try:
+            async with self._session.post(f"{self.upstream}{path}", json=body) as response:
+                payload = await response.json(content_type=None)
+                status = response.status
+        except aiohttp.ClientError as e:
+            raise EngineError(f"cannot reach llama.cpp at {self.upstream}{path}: {e!r}") from e
+        if status >= 500:
+            raise EngineError(f"llama.cpp {path} failed with HTTP {status}: {payload}")
+        if status >= 400:
+            message = (payload.get("error") or {}).get("message") if isinstance(payload, dict) else payload
+            raise BadRequestError(f"llama.cpp rejected the request: {message}")
+        return payload
 
     async def render(
         self,
@@ -165,7 +165,7 @@ class LlamaCppEngine:
         out = await self._post("/completion", self._completion_body(request))
         probabilities = out.get("completion_probabilities") or []
         if [p["id"] for p in probabilities] != out.get("tokens"):
-            raise UpstreamError("llama.cpp returned token ids that do not match its per-token probabilities")
+            raise EngineError("llama.cpp returned token ids that do not match its per-token probabilities")
         tokens = [
             GeneratedToken(
                 token_id=p["id"],

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 from starlette.requests import Request
 
 from nemo_tau2.generation.engine import Engine, GenerationRequest
-from nemo_tau2.generation.errors import BadRequestError
+from nemo_tau2.generation.errors import BadRequestError, EngineError
 from nemo_tau2.generation.prefix import find_token_prefix, splice_prompt
 from nemo_tau2.generation.protocol import (
     ChatCompletionRequest,
@@ -135,6 +135,11 @@ def build_app(engine: Engine, *, extra_routes: Callable[[FastAPI], None] | None 
     @app.exception_handler(BadRequestError)
     async def _bad_request(_: Request, exc: BadRequestError) -> JSONResponse:
         return JSONResponse(error_body(str(exc), exc.status), status_code=exc.status)
+
+    @app.exception_handler(EngineError)
+    async def _engine_failed(_: Request, exc: EngineError) -> JSONResponse:
+        logger.error("engine failure: %s", exc)
+        return JSONResponse(error_body(f"the model backend failed: {exc}", 500), status_code=500)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -145,3 +145,10 @@ def test_shutdown_stops_the_server_and_frees_its_port(taught_tiny):
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         probe.bind(("127.0.0.1", port))
     assert not handle.engine.running
+
+
+def test_a_failing_engine_is_a_500_in_the_error_shape_not_a_hang(taught_tiny):
+    with start_generation(hf_config(), model=copy.deepcopy(taught_tiny.model), tokenizer=taught_tiny.tokenizer) as h:
+        h.engine.close()
+        status, error = call_json("POST", f"{h.base_urls[0]}/chat/completions", {"messages": CHAT, "max_tokens": 2})
+        assert status == 500 and error["object"] == "error" and "model backend failed" in error["message"]
