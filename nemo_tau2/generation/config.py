@@ -68,9 +68,9 @@ class HfConfig(_Strict):
 
     device: str = Field(default="cpu", description="torch device, e.g. cpu or cuda:0.")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    max_batch_size: int = Field(default=16, ge=1, description="Requests generated together in one batch at most.")
+    max_batch_size: int = Field(default=16, ge=1, description="Most requests decoded together.")
     batch_wait_ms: float = Field(
-        default=5.0, ge=0, description="How long the first request of a batch waits for others to join."
+        default=5.0, ge=0, description="How long an idle server waits for more requests before the first step."
     )
     max_model_len: int | None = Field(
         default=None, ge=16, description="Context length; null uses the model's max_position_embeddings."

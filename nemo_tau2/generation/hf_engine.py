@@ -1,9 +1,13 @@
-"""A transformers model as an :class:`~nemo_tau2.generation.engine.Engine`, with dynamic batching and hot weights.
+"""A transformers model as an :class:`~nemo_tau2.generation.engine.Engine`, with continuous batching and hot weights.
 
-Requests from any event loop are queued to one worker thread, which takes the first waiting request, waits up to
-``batch_wait_s`` for others (up to ``max_batch_size``) and generates them as one batch. The worker holds
-``weights_lock`` for a whole batch and :meth:`HFEngine.update_weights` takes the same lock, so an update lands
-between batches: a completion is generated entirely by one version of the weights (``weight_version``).
+Requests from any event loop are queued to one worker thread. When idle, it takes the first request and waits up
+to ``batch_wait_s`` for others; while decoding, it admits waiting requests between steps (up to
+``max_batch_size`` rows), so nobody waits for another request's generation to end.
+
+The worker holds ``weights_lock`` for a whole busy period. :meth:`HFEngine.update_weights` first tells the worker
+to stop admitting requests, then takes the lock once the rows in flight have finished: a completion is generated
+entirely by one version of the weights (``weight_version``), and requests that arrive meanwhile wait for the new
+weights.
 
 Reported logprobs are those of the raw model distribution (see :mod:`nemo_tau2.generation.hf_generate`).
 """
@@ -25,7 +29,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokeni
 
 from nemo_tau2.generation.engine import GeneratedToken, GenerationRequest, GenerationResult, TokenLogprob
 from nemo_tau2.generation.errors import BadRequestError, EngineError
-from nemo_tau2.generation.hf_generate import RowOutput, RowRequest, generate_batch
+from nemo_tau2.generation.hf_generate import DecodeBatch, RowOutput, RowRequest
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +90,10 @@ class HFEngine:
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.end_of_turn_ids)
         self._queue: queue.Queue[_Pending | None] = queue.Queue()
         self._token_text: dict[int, str] = {}
-        self._worker = threading.Thread(target=self._serve_batches, name="hf-generation", daemon=True)
+        self._stopping = False
+        self._no_update_pending = threading.Event()
+        self._no_update_pending.set()
+        self._worker = threading.Thread(target=self._serve, name="hf-generation", daemon=True)
         self._worker.start()
 
     @property
@@ -130,6 +137,13 @@ class HFEngine:
         Every parameter and buffer of the model must be present with its shape (a partial or mismatched update
         would serve a silently mixed model).
         """
+        self._no_update_pending.clear()  # the worker stops admitting requests and releases the lock when idle
+        try:
+            return self._copy_weights(state_dict)
+        finally:
+            self._no_update_pending.set()
+
+    def _copy_weights(self, state_dict: Mapping[str, torch.Tensor]) -> int:
         with self.weights_lock:
             current = self.model.state_dict()
             missing = sorted(set(current) - set(state_dict))
@@ -156,7 +170,7 @@ class HFEngine:
         return self.update_weights(loaded.state_dict())
 
     def close(self) -> None:
-        """Stop the worker thread after the batch in progress; queued requests fail."""
+        """Stop the worker thread once the rows in flight are done; requests still queued fail."""
         worker, self._worker = self._worker, None
         if worker is None:
             return
@@ -193,37 +207,57 @@ class HFEngine:
             text = self._token_text[token_id] = self.tokenizer.decode([token_id])
         return text
 
-    def _next_batch(self) -> list[_Pending] | None:
-        first = self._queue.get()
-        if first is None:
-            return None
-        batch = [first]
-        deadline = time.monotonic() + self.batch_wait_s
-        while len(batch) < self.max_batch_size:
+    def _take(self, limit: int, wait_s: float) -> list[_Pending]:
+        """Up to ``limit`` queued requests, waiting at most ``wait_s`` for them; notes a shutdown request."""
+        taken: list[_Pending] = []
+        deadline = time.monotonic() + wait_s
+        while len(taken) < limit and not self._stopping:
             try:
                 item = self._queue.get(timeout=max(deadline - time.monotonic(), 0.0))
             except queue.Empty:
                 break
             if item is None:
-                self._queue.put(None)  # stop after this batch
-                break
-            batch.append(item)
-        return batch
+                self._stopping = True
+            else:
+                taken.append(item)
+        return taken
 
-    def _serve_batches(self) -> None:
-        while (batch := self._next_batch()) is not None:
-            rows = [self._row(p.request) for p in batch]
-            self.largest_batch = max(self.largest_batch, len(rows))
+    def _serve(self) -> None:
+        """Worker loop: admit waiting requests between decode steps, one busy period per hold of the weights."""
+        batch = DecodeBatch(self.model, self.end_of_turn_ids, self._pad_id)
+        futures: dict[int, concurrent.futures.Future] = {}
+        holding = False
+        while True:
+            if not len(batch):
+                if holding:
+                    self.weights_lock.release()  # between busy periods a weight update can go in
+                    holding = False
+                first = None if self._stopping else self._queue.get()
+                if first is None:
+                    return
+                self._no_update_pending.wait()
+                self.weights_lock.acquire()
+                holding = True
+                new = [first, *self._take(self.max_batch_size - 1, self.batch_wait_s)]
+            elif self._no_update_pending.is_set():
+                new = self._take(self.max_batch_size - len(batch), 0.0)
+            else:
+                new = []  # an update is waiting: finish the rows in flight, admit nothing
             try:
-                with self.weights_lock:
-                    outputs = generate_batch(self.model, rows, self.end_of_turn_ids, self._pad_id)
-            except Exception as e:  # the worker must survive a failing batch; each caller gets the error
-                logger.exception("hf generation batch failed")
-                for pending in batch:
-                    pending.future.set_exception(EngineError(f"generation failed: {e!r}"))
+                if new:
+                    batch.add([self._row(p.request) for p in new], [id(p) for p in new])
+                    futures.update((id(p), p.future) for p in new)
+                    self.largest_batch = max(self.largest_batch, len(batch))
+                finished = batch.step()
+            except Exception as e:  # the worker must survive a failing step; each caller gets the error
+                logger.exception("hf generation step failed")
+                for future in futures.values():
+                    future.set_exception(EngineError(f"generation failed: {e!r}"))
+                futures.clear()
+                batch = DecodeBatch(self.model, self.end_of_turn_ids, self._pad_id)
                 continue
-            for pending, output in zip(batch, outputs, strict=True):
-                pending.future.set_result(self._result(output))
+            for tag, output in finished:
+                futures.pop(tag).set_result(self._result(output))
 
     def _row(self, request: GenerationRequest) -> RowRequest:
         generator = torch.Generator()

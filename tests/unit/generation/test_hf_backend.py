@@ -4,6 +4,7 @@ import concurrent.futures
 import copy
 import json
 import socket
+import time
 
 import pytest
 import torch
@@ -152,3 +153,20 @@ def test_a_failing_engine_is_a_500_in_the_error_shape_not_a_hang(taught_tiny):
         h.engine.close()
         status, error = call_json("POST", f"{h.base_urls[0]}/chat/completions", {"messages": CHAT, "max_tokens": 2})
         assert status == 500 and error["object"] == "error" and "model backend failed" in error["message"]
+
+
+def test_an_update_waits_for_completions_in_flight_which_keep_one_weight_version(taught_tiny):
+    untrained = build_tiny_model(seed=1).model
+    with start_generation(hf_config(), model=copy.deepcopy(untrained), tokenizer=taught_tiny.tokenizer) as handle:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            job = pool.submit(_chat, handle, CHAT, max_tokens=200, temperature=0.0)
+            while handle.engine.largest_batch == 0:
+                time.sleep(0.005)
+            assert not job.done()
+            assert handle.update_weights(taught_tiny.model.state_dict()) == 1
+            prompt_ids, generated, reported = _reported(job.result())
+        assert len(generated) == 200  # long enough to be in flight during the update
+        expected = _forward_logprobs(untrained, prompt_ids, generated)
+        assert torch.allclose(reported, expected, atol=1e-4)  # all of it from the weights it started with
+        _, after, _ = _reported(_chat(handle, TOOL_PROMPT, tools=[WEATHER_TOOL], temperature=0.0, max_tokens=64))
+        assert taught_tiny.tokenizer.decode(after, skip_special_tokens=True) == TOOL_REPLY
