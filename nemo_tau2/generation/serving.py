@@ -1,0 +1,164 @@
+"""Running servers: free ports, a uvicorn app on a background thread, subprocesses that die with us, health waits.
+
+Every server binds 127.0.0.1 unless configured otherwise. A configured port that is taken is reported before
+anything starts; a server that exits or never becomes healthy is reported with the end of its log.
+"""
+
+import atexit
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+
+import uvicorn
+from fastapi import FastAPI
+
+from nemo_tau2.generation.errors import GenerationStartupError
+
+logger = logging.getLogger(__name__)
+
+
+def bind_socket(host: str, port: int | None, *, key: str) -> socket.socket:
+    """A listening-ready socket on ``host:port`` (``port`` None: a free one), or a clear error if it is taken."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port or 0))
+    except OSError as e:
+        sock.close()
+        raise GenerationStartupError(
+            f"{key}: port {port} on {host} is already in use ({e.strerror}); choose another port or set it to "
+            "null to pick a free one"
+        ) from e
+    return sock
+
+
+def reserve_port(host: str, port: int | None, *, key: str) -> int:
+    """Check ``port`` is free (or find a free one) for a server that binds it itself."""
+    with bind_socket(host, port, key=key) as sock:
+        return sock.getsockname()[1]
+
+
+def url_host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "") else (f"[{host}]" if ":" in host else host)
+
+
+def wait_until_healthy(
+    url: str, *, timeout_s: float, what: str, alive: Callable[[], str | None] = lambda: None
+) -> None:
+    """Poll ``url`` until it answers 200; ``alive`` returns a reason when the server has died."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.05
+    while True:
+        reason = alive()
+        if reason is not None:
+            raise GenerationStartupError(f"{what} stopped before becoming healthy: {reason}")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        if time.monotonic() > deadline:
+            raise GenerationStartupError(f"{what} did not become healthy at {url} within {timeout_s:.0f} s")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 1.0)
+
+
+class BackgroundServer:
+    """A FastAPI app served by uvicorn on a daemon thread of this process (its own event loop)."""
+
+    def __init__(self, app: FastAPI, host: str, port: int | None, *, key: str) -> None:
+        self._socket = bind_socket(host, port, key=key)
+        self.host = host
+        self.port: int = self._socket.getsockname()[1]
+        config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._socket]}, name=f"uvicorn-{self.port}", daemon=True
+        )
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{url_host(self.host)}:{self.port}"
+
+    def start(self, timeout_s: float) -> None:
+        self._thread.start()
+        alive = lambda: None if self._thread.is_alive() else "the server thread exited (see the log above)"  # noqa: E731
+        wait_until_healthy(f"{self.base_url}/health", timeout_s=timeout_s, what="the in-process server", alive=alive)
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=30)
+        self._socket.close()
+        if self._thread.is_alive():
+            logger.warning("uvicorn thread on port %d did not stop within 30 s", self.port)
+
+
+_LIVE_PROCESSES: set["ManagedProcess"] = set()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for process in list(_LIVE_PROCESSES):
+        process.stop(grace_s=2)
+
+
+class ManagedProcess:
+    """A server subprocess in its own process group, logged to a file, killed with its children on stop or exit."""
+
+    def __init__(self, command: list[str], *, name: str, env: dict[str, str] | None = None) -> None:
+        self.name = name
+        fd, self.log_path = tempfile.mkstemp(prefix=f"nemo_tau2_{name}_", suffix=".log")
+        self._log = os.fdopen(fd, "wb")
+        self._failed = False
+        logger.info("starting %s: %s (log: %s)", name, " ".join(command), self.log_path)
+        self._process = subprocess.Popen(
+            command, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        _LIVE_PROCESSES.add(self)
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    def exit_reason(self) -> str | None:
+        """None while running, else the exit code and the end of the log."""
+        code = self._process.poll()
+        if code is None:
+            return None
+        self._failed = True  # keep the log for the user
+        return f"exit code {code}; last lines of {self.log_path}:\n{self.log_tail()}"
+
+    def log_tail(self, lines: int = 25) -> str:
+        with open(self.log_path, "rb") as f:
+            return b"\n".join(f.read().splitlines()[-lines:]).decode(errors="replace")
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM the process group, SIGKILL it after ``grace_s``, reap the process; the log is kept on failure."""
+        if self not in _LIVE_PROCESSES:
+            return
+        if self._process.poll() is None:
+            self._signal_group(signal.SIGTERM)
+            try:
+                self._process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                self._signal_group(signal.SIGKILL)
+                self._process.wait()
+        self._signal_group(signal.SIGKILL)  # children that outlived their parent
+        self._log.close()
+        if not self._failed:
+            os.unlink(self.log_path)
+        _LIVE_PROCESSES.discard(self)
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is already gone
+            os.killpg(self._process.pid, sig)
