@@ -66,8 +66,9 @@ class RolloutLog:
                 try:
                     records.append(orjson.loads(line))
                 except orjson.JSONDecodeError:
-                    logger.warning("%s line %d is incomplete (interrupted write); that episode will be rerun",
-                                   self.path, number)
+                    logger.warning(
+                        "%s line %d is incomplete (interrupted write); that episode will be rerun", self.path, number
+                    )
         return records
 
     def latest(self) -> dict[EpisodeKey, dict[str, Any]]:

@@ -32,8 +32,13 @@ logger = logging.getLogger(__name__)
 OK = "ok"
 INFRASTRUCTURE_ERROR = "infrastructure_error"
 NORMAL_TERMINATIONS = frozenset({"user_stop", "agent_stop"})
-COMPONENT_KEYS = ("db_match", "action_match_fraction", "write_action_match_fraction", "env_assertion_fraction",
-                  "communicate_fraction")
+COMPONENT_KEYS = (
+    "db_match",
+    "action_match_fraction",
+    "write_action_match_fraction",
+    "env_assertion_fraction",
+    "communicate_fraction",
+)
 
 
 @dataclass(frozen=True)
@@ -101,8 +106,9 @@ def apply_sampling_params(row: dict, sampling: SamplingParams) -> dict:
     params["temperature"] = sampling.temperature
     params["top_p"] = sampling.top_p
     if sampling.max_new_tokens is not None:
-        params["max_output_tokens"] = min(params.get("max_output_tokens") or sampling.max_new_tokens,
-                                          sampling.max_new_tokens)
+        params["max_output_tokens"] = min(
+            params.get("max_output_tokens") or sampling.max_new_tokens, sampling.max_new_tokens
+        )
     row["responses_create_params"] = params
     return row
 
@@ -113,29 +119,43 @@ def message_log_from_output(output: list[dict]) -> tuple[list[dict], list[str]]:
     Stops at the first turn whose prompt does not extend what came before (token ids would no longer be the
     sequence the model saw); the breaks are returned so callers can drop or report the episode.
     """
-    turns = [(item["prompt_token_ids"], item["generation_token_ids"], item.get("generation_log_probs") or [])
-             for item in output if item.get("generation_token_ids")]
+    turns = [
+        (item["prompt_token_ids"], item["generation_token_ids"], item.get("generation_log_probs") or [])
+        for item in output
+        if item.get("generation_token_ids")
+    ]
     breaks = check_contiguity([(prompt, generated) for prompt, generated, _ in turns])
     first_break = min((b.turn for b in breaks), default=len(turns))
     log, seen = [], 0
     for prompt, generated, logprobs in turns[:first_break]:
         log.append({"role": "user", "content": "", "token_ids": list(prompt[seen:])})
-        log.append({"role": "assistant", "content": "", "token_ids": list(generated),
-                    "generation_logprobs": list(logprobs)})
+        log.append(
+            {"role": "assistant", "content": "", "token_ids": list(generated), "generation_logprobs": list(logprobs)}
+        )
         seen = len(prompt) + len(generated)
     return log, [str(b) for b in breaks]
 
 
-def result_from_response(row: dict, row_index: int, group_index: int, sample_index: int, status_code: int,
-                         body: Any, keep_full_result: bool) -> RolloutResult:
+def result_from_response(
+    row: dict, row_index: int, group_index: int, sample_index: int, status_code: int, body: Any, keep_full_result: bool
+) -> RolloutResult:
     """Turn the agent's answer into a :class:`RolloutResult` (a non-200 is an infrastructure error)."""
-    base = {"row_index": row_index, "group_index": group_index, "sample_index": sample_index,
-            "domain": str(row.get("domain")), "task_id": str(row.get("task_id"))}
+    base = {
+        "row_index": row_index,
+        "group_index": group_index,
+        "sample_index": sample_index,
+        "domain": str(row.get("domain")),
+        "task_id": str(row.get("task_id")),
+    }
     if status_code != 200 or not isinstance(body, dict) or body.get("status", OK) != OK:
         error = body.get("error") if isinstance(body, dict) else None
         detail = error or (body.get("detail") if isinstance(body, dict) else None) or str(body)[:500]
-        return RolloutResult(**base, status=INFRASTRUCTURE_ERROR, error=f"agent /run HTTP {status_code}: {detail}",
-                             full_result=body if keep_full_result and isinstance(body, dict) else None)
+        return RolloutResult(
+            **base,
+            status=INFRASTRUCTURE_ERROR,
+            error=f"agent /run HTTP {status_code}: {detail}",
+            full_result=body if keep_full_result and isinstance(body, dict) else None,
+        )
     output = (body.get("response") or {}).get("output") or []
     log, breaks = message_log_from_output(output)
     generated = sum(len(m["token_ids"]) for m in log if m["role"] == "assistant")
@@ -174,8 +194,10 @@ def _check_batch(rows: Sequence[dict], num_generations: int) -> None:
         group = rows[start : start + num_generations]
         keys = {(str(r.get("domain")), str(r.get("task_id")), (r.get("agent_ref") or {}).get("name")) for r in group}
         if len(keys) != 1:
-            raise ValueError(f"rows {start}..{start + num_generations - 1} should be one prompt group (same domain, "
-                             f"task_id and agent_ref.name), got {sorted(keys, key=str)}")
+            raise ValueError(
+                f"rows {start}..{start + num_generations - 1} should be one prompt group (same domain, "
+                f"task_id and agent_ref.name), got {sorted(keys, key=str)}"
+            )
 
 
 async def run_async_nemo_gym_rollout(
@@ -215,15 +237,17 @@ async def run_async_nemo_gym_rollout(
                 raise ValueError(f"row {row_index} names agent {name!r}; running agents: {sorted(agent_urls)}")
             async with gate:
                 try:
-                    async with http.post(f"{agent_urls[name]}/run", data=orjson.dumps(row),
-                                         headers={"Content-Type": "application/json"}) as response:
+                    async with http.post(
+                        f"{agent_urls[name]}/run", data=orjson.dumps(row), headers={"Content-Type": "application/json"}
+                    ) as response:
                         raw = await response.read()
                         status = response.status
                     body = orjson.loads(raw)
                 except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as e:
                     status, body = 0, {"error": f"{type(e).__name__}: {e}"}
-            return result_from_response(row, row_index, group_index, row["sample_index"], status, body,
-                                        keep_full_result)
+            return result_from_response(
+                row, row_index, group_index, row["sample_index"], status, body, keep_full_result
+            )
 
         pending: dict[int, list[RolloutResult | None]] = {}
         tasks = [asyncio.create_task(episode(i)) for i in range(len(rows))]
@@ -239,8 +263,9 @@ async def run_async_nemo_gym_rollout(
                 task.cancel()
 
 
-def run_nemo_gym_rollout_sync(rows: Sequence[dict], agent_urls: dict[str, str], sampling: SamplingParams,
-                              num_generations: int, **kwargs: Any) -> list[RolloutResult]:
+def run_nemo_gym_rollout_sync(
+    rows: Sequence[dict], agent_urls: dict[str, str], sampling: SamplingParams, num_generations: int, **kwargs: Any
+) -> list[RolloutResult]:
     """Every episode of the batch, in input order (not callable from inside a running event loop)."""
 
     async def collect() -> list[RolloutResult]:
@@ -285,4 +310,3 @@ def rollout_metrics(results: Sequence[RolloutResult], wall_s: float | None = Non
     for reason in sorted({r.termination_reason for r in valid}):
         metrics[f"termination/{reason}"] = mean([float(r.termination_reason == reason) for r in valid])
     return metrics
-

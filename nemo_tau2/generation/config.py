@@ -9,11 +9,11 @@ NeMo-Gym rollouts (``top_k`` null, no stop strings, ...) live in :mod:`nemo_tau2
 evaluation and GRPO can report every violation at once before starting anything.
 """
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-Backend = Literal["vllm", "hf", "llamacpp", "openai"]
+Backend = Literal["vllm", "hf", "llamacpp", "openai", "fake"]
 
 
 class _Strict(BaseModel):
@@ -153,6 +153,11 @@ class GenerationConfig(_Strict):
     hf_cfg: HfConfig | None = None
     llamacpp_cfg: LlamacppConfig | None = None
     openai_cfg: OpenAIConfig | None = None
+    fake_cfg: dict[str, Any] | None = Field(
+        default=None,
+        description="backend 'fake' (tests, CPU smoke runs): nemo_tau2.testing.FakeServerConfig fields; the scripted "
+        "server plays tau2's gold actions (policy) and a scripted user",
+    )
 
     @model_validator(mode="after")
     def _check_backend_block(self) -> "GenerationConfig":

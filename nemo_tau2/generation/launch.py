@@ -260,6 +260,16 @@ def _start_openai(cfg: OpenAIConfig) -> GenerationHandle:
     return GenerationHandle(backend="openai", base_urls=[base_url], model_name=cfg.model, api_key=api_key)
 
 
+def _start_fake(cfg: GenerationConfig) -> GenerationHandle:
+    """The project's scripted fake model server in its own process (tests and CPU smoke runs, no real model)."""
+    from nemo_tau2.testing import FakeServerConfig, start_fake_server
+
+    fake = start_fake_server(FakeServerConfig.model_validate(cfg.fake_cfg or {}), mode="subprocess")
+    return GenerationHandle(
+        backend="fake", base_urls=[fake.base_url], model_name=cfg.model_name or "fake", stop=fake.close, engine=fake
+    )
+
+
 def start_generation(cfg: GenerationConfig, *, model: Any = None, tokenizer: Any = None) -> GenerationHandle:
     """Start (or connect to) the backend named by ``cfg.backend`` and wait until it serves.
 
@@ -285,3 +295,5 @@ def start_generation(cfg: GenerationConfig, *, model: Any = None, tokenizer: Any
         case "openai":
             assert cfg.openai_cfg is not None
             return _start_openai(cfg.openai_cfg)
+        case "fake":
+            return _start_fake(cfg)
