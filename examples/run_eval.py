@@ -34,8 +34,11 @@ def main() -> int:
         print(f"error: could not start the environment: {e}", file=sys.stderr)
         return 3
     except KeyboardInterrupt:
-        print(f"\ninterrupted: finished episodes are saved in {cfg.eval.save_path}/rollouts.jsonl; rerun the same "
-              "command to resume", file=sys.stderr)
+        print(
+            f"\ninterrupted: finished episodes are saved in {cfg.eval.save_path}/rollouts.jsonl; rerun the same "
+            "command to resume",
+            file=sys.stderr,
+        )
         return 130
     metrics = summary["metrics"]
     print()

@@ -22,6 +22,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from nemo_tau2.generation.errors import GenerationStartupError
+from nemo_tau2.processes import die_with_parent
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +123,12 @@ class ManagedProcess:
         self._failed = False
         logger.info("starting %s: %s (log: %s)", name, " ".join(command), self.log_path)
         self._process = subprocess.Popen(
-            command, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            command,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
         )
         _LIVE_PROCESSES.add(self)
 

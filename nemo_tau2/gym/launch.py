@@ -23,6 +23,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from nemo_tau2.processes import die_with_parent
+
 logger = logging.getLogger(__name__)
 
 
@@ -107,6 +109,7 @@ class GymServers:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,  # its own process group: stop() can take down anything it spawns
+                    preexec_fn=die_with_parent,  # and a killed launcher takes its servers with it
                 )
         try:
             self._wait_healthy()
