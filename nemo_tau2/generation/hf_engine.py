@@ -132,7 +132,7 @@ class HFEngine:
     # ---- weights ---------------------------------------------------------------------------------------------
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> int:
-        """Copy ``state_dict`` into the served model in place, between batches; returns the new weight version.
+        """Copy ``state_dict`` into the served model in place once the rows in flight are done; returns the version.
 
         Every parameter and buffer of the model must be present with its shape (a partial or mismatched update
         would serve a silently mixed model).
@@ -152,14 +152,13 @@ class HFEngine:
                 raise ValueError(
                     f"state_dict does not match the served model: missing {missing[:5]}, unexpected {unexpected[:5]}"
                 )
+            for name, target in current.items():  # check everything before copying anything
+                if state_dict[name].shape != target.shape:
+                    shape = tuple(state_dict[name].shape)
+                    raise ValueError(f"state_dict[{name!r}] has shape {shape}, expected {tuple(target.shape)}")
             with torch.no_grad():
                 for name, target in current.items():
-                    source = state_dict[name]
-                    if source.shape != target.shape:
-                        raise ValueError(
-                            f"state_dict[{name!r}] has shape {tuple(source.shape)}, expected {tuple(target.shape)}"
-                        )
-                    target.copy_(source.to(device=target.device, dtype=target.dtype))
+                    target.copy_(state_dict[name].to(device=target.device, dtype=target.dtype))
             self.weight_version += 1
             logger.info("hf engine %s: weights updated to version %d", self.model_name, self.weight_version)
             return self.weight_version

@@ -105,10 +105,14 @@ def test_batched_greedy_generation_equals_one_at_a_time(taught_tiny):
         assert together == alone
 
 
-def test_update_weights_rejects_a_state_dict_of_another_shape(hf_handle):
+def test_update_weights_rejects_a_state_dict_of_another_shape_and_changes_nothing(hf_handle):
+    before = {name: tensor.clone() for name, tensor in hf_handle.engine.model.state_dict().items()}
     other = build_tiny_model(seed=0, hidden_size=32).model.state_dict()
+    other["model.embed_tokens.weight"] = torch.zeros_like(before["model.embed_tokens.weight"])  # would fit
     with pytest.raises(ValueError, match="has shape"):
         hf_handle.update_weights(other)
+    after = hf_handle.engine.model.state_dict()
+    assert all(torch.equal(before[name], after[name]) for name in before)
     with pytest.raises(ValueError, match="missing"):
         hf_handle.update_weights({})
     assert hf_handle.engine.weight_version == 0
