@@ -66,6 +66,19 @@ def describe_validation_error(error: ValidationError) -> str:
     return "; ".join(problems)
 
 
+def disable_ray_uv_runtime_env() -> None:
+    """Let ``run_webserver`` join NeMo-Gym's Ray cluster when ``gym env start`` itself was run with ``uv run``.
+
+    Ray then insists on shipping the uv project to its workers and refuses a working directory (the server folder)
+    without the project's pyproject.toml. Gym servers send no code to Ray workers, so the hook is switched off.
+    Ray reads ``RAY_ENABLE_UV_RUN_RUNTIME_ENV`` once at import (NeMo-Gym imports Ray before our code runs), hence
+    the module attribute.
+    """
+    from ray._private import ray_constants
+
+    ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV = False
+
+
 def load_class(path: str) -> type:
     module_name, _, class_name = path.partition(":")
     return getattr(importlib.import_module(module_name), class_name)

@@ -27,6 +27,7 @@ from nemo_tau2.gym.agent.http_client import GymHttpClient, RetryConfig
 from nemo_tau2.gym.agent.orchestrator import Endpoints, EpisodeOrchestrator, EpisodeSettings
 from nemo_tau2.gym.config_keys import GymInstanceConfigMixin
 from nemo_tau2.gym.fast_middleware import FastMiddlewareMixin
+from nemo_tau2.gym.serving import disable_ray_uv_runtime_env
 from nemo_tau2.tau2_env import DOMAINS
 
 logger = logging.getLogger(__name__)
@@ -164,4 +165,5 @@ def _instance_url(global_config: Any, name: str) -> str:
 
 
 if __name__ == "__main__":
+    disable_ray_uv_runtime_env()
     Tau2Agent.run_webserver()

@@ -35,6 +35,7 @@ from nemo_tau2.gym.body_limit import BodySizeLimitMiddleware
 from nemo_tau2.gym.config_keys import GymInstanceConfigMixin
 from nemo_tau2.gym.fast_middleware import FastMiddlewareMixin
 from nemo_tau2.gym.resources_server.sessions import SessionStore, TooManySessionsError
+from nemo_tau2.gym.serving import disable_ray_uv_runtime_env
 from nemo_tau2.tau2_env import domains, prompts
 from nemo_tau2.tau2_env.episode import Episode, Requestor
 from nemo_tau2.tau2_env.reward import NLAssertionsNotEvaluatedError, evaluate_episode
@@ -252,4 +253,5 @@ class Tau2ResourcesServer(FastMiddlewareMixin, SimpleResourcesServer):
 
 
 if __name__ == "__main__":
+    disable_ray_uv_runtime_env()
     Tau2ResourcesServer.run_webserver()
