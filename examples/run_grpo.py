@@ -1,0 +1,104 @@
+"""GRPO on tau2-bench with NeMo-Gym rollouts.
+
+    uv run examples/run_grpo.py --config examples/configs/grpo_tau2_cpu_smoke.yaml
+    uv run examples/run_grpo.py --config examples/configs/grpo_tau2_qwen3_4b.yaml grpo.max_num_steps=200
+
+Overrides: ``a.b=value`` changes an existing key (unknown keys are an error naming the closest one), ``+a.b=value``
+adds one. A run with the same ``checkpointing.checkpoint_dir`` resumes from its latest checkpoint.
+"""
+
+import logging
+import sys
+from pathlib import Path
+
+import nemo_tau2  # noqa: F401  (offline settings before tau2 loads litellm)
+from nemo_tau2.config import ConfigError, load_config_from_cli, redact_secrets, validate_config
+from nemo_tau2.generation.errors import GenerationStartupError
+from nemo_tau2.generation.validation import gym_rule_violations
+from nemo_tau2.gym.launch import ServerStartError
+
+COLUMNS = [
+    ("step", "step", "{:>5d}"),
+    ("train/rollout/success_rate", "success", "{:>7.3f}"),
+    ("train/shaped_reward/mean", "reward", "{:>7.3f}"),
+    ("train/loss", "loss", "{:>8.4f}"),
+    ("train/approx_kl", "kl", "{:>8.5f}"),
+    ("train/clip_fraction", "clip", "{:>6.3f}"),
+    ("train/entropy", "entropy", "{:>7.3f}"),
+    ("train/num_sequences", "seqs", "{:>5.0f}"),
+    ("timing/rollout_s", "rollout s", "{:>9.1f}"),
+    ("timing/train_s", "train s", "{:>7.1f}"),
+    ("timing/weight_sync_s", "sync s", "{:>6.2f}"),
+]
+
+
+def _row(step: int, metrics: dict) -> str:
+    values = {"step": step, **metrics}
+    cells = []
+    for key, _, fmt in COLUMNS:
+        value = values.get(key)
+        width = len(fmt.format(0)) if key != "step" else 5
+        cells.append(fmt.format(value) if isinstance(value, int | float) else "-".rjust(width))
+    return " ".join(cells)
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        raw = load_config_from_cli(sys.argv[1:])
+        from nemo_tau2.algorithms.grpo_config import GRPOMasterConfig
+
+        problems = gym_rule_violations(redact_secrets(raw)["policy"].get("generation") or {}, key="policy.generation")
+        if problems:
+            raise ConfigError("\n".join(["problems in the config:", *(f"  - {p}" for p in problems)]))
+        cfg = validate_config(raw, GRPOMasterConfig)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    from tqdm import tqdm
+
+    from nemo_tau2.algorithms import grpo
+    from nemo_tau2.algorithms.tiny_policy import build_tiny_policy
+
+    train_rows, val_rows = grpo.load_rows(cfg)
+    if cfg.tiny_policy is not None and not Path(cfg.policy.model_name).exists():
+        print(f"building the warm-started tiny policy into {cfg.policy.model_name} ...", file=sys.stderr)
+        build_tiny_policy(cfg.tiny_policy, train_rows, cfg.policy.model_name)
+    Path(cfg.logger.log_dir).mkdir(parents=True, exist_ok=True)
+    import json
+
+    (Path(cfg.logger.log_dir) / "config.json").write_text(json.dumps(redact_secrets(raw), indent=2))
+    try:
+        setup = grpo.setup(cfg, train_rows, val_rows)
+    except (GenerationStartupError, ServerStartError) as e:
+        print(f"error: could not start: {e}", file=sys.stderr)
+        return 3
+    header = " ".join(title.rjust(len(fmt.format(0)) if key != "step" else 5) for key, title, fmt in COLUMNS)
+    progress = tqdm(total=cfg.grpo.max_num_steps, initial=setup.start_step, desc="GRPO steps", unit="step")
+    progress.write(header)
+
+    def on_step(step: int, metrics: dict) -> None:
+        progress.write(_row(step, metrics))
+        val = {k: v for k, v in metrics.items() if k.startswith("val/") and "pass@1" in k}
+        if val:
+            progress.write("  validation: " + ", ".join(f"{k.removeprefix('val/')}={v:.3f}" for k, v in val.items()))
+        progress.update(1)
+
+    try:
+        grpo.grpo_train(setup, on_step=on_step)
+    except KeyboardInterrupt:
+        print(
+            f"\ninterrupted: rerun the same command to resume from the latest checkpoint in "
+            f"{cfg.checkpointing.checkpoint_dir}",
+            file=sys.stderr,
+        )
+        return 130
+    finally:
+        progress.close()
+        setup.close()
+    print(f"\nmetrics: {cfg.logger.log_dir}/metrics.jsonl; checkpoints: {cfg.checkpointing.checkpoint_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,343 @@
+"""GRPO on tau2, one loop that reads top to bottom.
+
+Each step: (1) **generate** ``num_prompts_per_step`` train rows (curriculum-weighted) x
+``num_generations_per_prompt`` episodes through ``run_async_nemo_gym_rollout`` against the generation backend that
+serves the current weights, repeating with dynamic sampling until the batch has enough groups with reward variance;
+(2) **score**: the training reward is tau2's binary success plus optional partial credit (slime's shaping);
+episodes with infrastructure errors are dropped, over-long ones filtered or penalised; (3) **advantages**:
+leave-one-out group baseline, optionally std-normalised; (4) **train** on exactly the sampled token ids (loss only
+on policy-generated tokens; clipped ratio, optional KL, importance correction between generation and training
+logprobs); (5) **sync** the new weights into the generation backend in place; (6) **log**, validate every
+``val_period`` steps with the evaluator's metrics, checkpoint every ``save_period`` steps.
+
+References: GRPO (Shao et al. 2024, https://arxiv.org/abs/2402.03300); RLOO baseline (Ahmadian et al. 2024,
+https://arxiv.org/abs/2402.14740); dynamic sampling (DAPO, https://arxiv.org/abs/2503.14476); NeMo-RL's
+``grpo_train`` for names and semantics.
+"""
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from nemo_tau2.models.policy.checkpoint import latest_checkpoint, prune_checkpoints, step_dir
+from nemo_tau2.models.policy.data import TrainingSequence, sequence_from_message_log
+from nemo_tau2.models.policy.lm_policy import Policy
+
+from nemo_tau2.algorithms.advantages import compute_advantages
+from nemo_tau2.algorithms.curriculum import TaskCurriculum
+from nemo_tau2.algorithms.grpo_config import GRPOMasterConfig
+from nemo_tau2.algorithms.reward_shaping import shape_reward
+from nemo_tau2.algorithms.sampling import DynamicSampler, EpisodeGroup, ScoredEpisode, flatten_groups
+from nemo_tau2.evals.metrics import EpisodeRecord, compute_eval_metrics
+from nemo_tau2.experience.rollouts import (
+    RolloutResult,
+    SamplingParams,
+    rollout_metrics,
+    run_nemo_gym_rollout_sync,
+)
+from nemo_tau2.generation.launch import GenerationHandle, start_generation
+from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec
+from nemo_tau2.utils.metrics_logger import MetricsLogger
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class GRPOSetup:
+    """Everything the loop needs, built by :func:`setup`; ``close()`` stops servers and workers."""
+
+    cfg: GRPOMasterConfig
+    policy: Policy
+    generation: GenerationHandle
+    environment: Tau2Environment
+    train_rows: list[dict]
+    val_rows: list[dict]
+    curriculum: TaskCurriculum
+    metrics_logger: MetricsLogger
+    start_step: int = 0
+    resources: ExitStack = field(default_factory=ExitStack)
+
+    def close(self) -> None:
+        self.resources.close()
+
+
+def _task_key(row: dict) -> str:
+    return f"{row['domain']}/{row['task_id']}"
+
+
+@contextmanager
+def _timed(timings: dict[str, float], name: str) -> Iterator[None]:
+    start = time.perf_counter()
+    yield
+    timings[f"timing/{name}_s"] = time.perf_counter() - start
+
+
+# ================================================================================================ setup
+
+
+def setup(cfg: GRPOMasterConfig, train_rows: list[dict], val_rows: list[dict]) -> GRPOSetup:
+    """Start the trainer, the generation backend, the tau2 environment; resume from the latest checkpoint."""
+    resources = ExitStack()
+    try:
+        torch.manual_seed(cfg.grpo.seed)
+        policy = Policy(
+            cfg.policy, init_reference_model=cfg.loss_fn.reference_policy_kl_penalty > 0, seed=cfg.grpo.seed
+        )
+        resources.callback(policy.shutdown)
+        generation = resources.enter_context(start_generation(cfg.policy.generation))
+        env_cfg = cfg.env.nemo_gym
+        spec = Tau2EnvironmentSpec(
+            policy=generation,
+            user=cfg.user.generation,
+            domains=sorted({str(row["domain"]) for row in train_rows + val_rows}),
+            agent_config={
+                "max_steps": env_cfg.max_steps,
+                "max_errors": env_cfg.max_errors,
+                "max_turns": env_cfg.max_turns,
+                "user_empty_retries": env_cfg.user_empty_retries,
+                "user_seed": cfg.user.seed,
+                "user_responses_create_params": {
+                    "temperature": cfg.user.generation.temperature,
+                    "top_p": cfg.user.generation.top_p,
+                    "max_output_tokens": cfg.user.generation.max_new_tokens,
+                },
+                "policy_retry": env_cfg.policy_retry.model_dump(),
+                "user_retry": env_cfg.user_retry.model_dump(),
+            },
+            policy_model_server=env_cfg.policy_model_server,
+            return_token_ids=True,
+            log_dir=Path(cfg.logger.log_dir) / "server_logs",
+            startup_timeout_s=env_cfg.server_startup_timeout_s,
+        )
+        environment = resources.enter_context(Tau2Environment(spec))
+        curriculum = TaskCurriculum([_task_key(row) for row in train_rows], cfg.grpo.curriculum, cfg.grpo.seed)
+        metrics_logger = resources.enter_context(MetricsLogger(cfg.logger))
+        start_step = 0
+        latest = latest_checkpoint(cfg.checkpointing.checkpoint_dir) if cfg.checkpointing.enabled else None
+        if latest is not None:
+            state = policy.load_checkpoint(latest)
+            start_step = int(state["step"])
+            curriculum.load_state_dict(state["curriculum"])
+            logger.info("resumed from %s at step %d", latest, start_step)
+        s = GRPOSetup(
+            cfg,
+            policy,
+            generation,
+            environment,
+            train_rows,
+            val_rows,
+            curriculum,
+            metrics_logger,
+            start_step,
+            resources,
+        )
+        if latest is not None:
+            sync_weights(s)  # the generation backend must serve the resumed weights
+        return s
+    except BaseException:
+        resources.close()
+        raise
+
+
+# ================================================================================================ the steps
+
+
+def generate(s: GRPOSetup, step: int) -> tuple[list[EpisodeGroup], list[RolloutResult], dict[str, float]]:
+    """Roll out prompt groups (several generation batches with dynamic sampling) and score each episode."""
+    grpo, generation = s.cfg.grpo, s.cfg.policy.generation
+    n = grpo.num_generations_per_prompt
+    sampling = SamplingParams(generation.temperature, generation.top_p, generation.max_new_tokens)
+    sampler = DynamicSampler(grpo.sampling_config(), target_num_groups=grpo.num_prompts_per_step)
+    all_results: list[RolloutResult] = []
+    batch = 0
+    while not sampler.is_full:
+        too_few_rows = len(s.train_rows) < grpo.num_prompts_per_step
+        indices = s.curriculum.sample(grpo.num_prompts_per_step, replace=too_few_rows)
+        rows = [s.train_rows[i] for i in indices for _ in range(n)]
+        results = run_nemo_gym_rollout_sync(
+            rows, s.environment.agent_urls, sampling, n, max_concurrency=grpo.max_rollout_concurrency
+        )
+        scored = []
+        for result in results:
+            group_id = f"{step}.{batch}.{result.group_index}"
+            if result.ok:
+                reward = shape_reward(result.success, result.reward_components, result.domain, grpo.reward_shaping)
+            else:
+                reward = 0.0  # never used: the sampler drops infrastructure errors before anything reads it
+            scored.append(
+                ScoredEpisode(
+                    group_id, reward, status=result.status, truncated=result.truncated_by is not None, data=result
+                )
+            )
+        successes_by_task: dict[str, list[bool]] = {}
+        for result in results:
+            if result.ok:
+                successes_by_task.setdefault(f"{result.domain}/{result.task_id}", []).append(result.success)
+        for task_key, successes in successes_by_task.items():
+            s.curriculum.record(task_key, successes)
+        sampler.add_generation_batch(scored)
+        all_results += results
+        batch += 1
+    groups, sampling_metrics = sampler.take()
+    return groups, all_results, sampling_metrics
+
+
+def training_sequences(s: GRPOSetup, groups: list[EpisodeGroup]) -> tuple[list[TrainingSequence], dict]:
+    """Advantages per episode, then one training sequence per episode that has generated tokens."""
+    episodes, group_ids = flatten_groups(groups)
+    rewards = torch.tensor([episode.reward for episode in episodes], dtype=torch.float32)
+    advantages = compute_advantages(rewards, torch.tensor(group_ids), None, s.cfg.grpo.advantage_config())
+    sequences, untrainable = [], 0
+    for episode, advantage in zip(episodes, advantages.tolist(), strict=True):
+        result: RolloutResult = episode.data
+        if not result.message_log:
+            untrainable += 1  # no token data (or broken at its first turn): counted, not trained on
+            continue
+        sequences.append(
+            sequence_from_message_log(
+                result.message_log,
+                advantage,
+                loss_multiplier=episode.loss_multiplier,
+                max_total_sequence_length=s.cfg.policy.max_total_sequence_length,
+                truncate=True,
+            )
+        )
+    metrics = {
+        "train/advantages/mean": float(advantages.mean()),
+        "train/advantages/std": float(advantages.std()) if len(advantages) > 1 else 0.0,
+        "train/advantages/abs_max": float(advantages.abs().max()),
+        "train/shaped_reward/mean": float(rewards.mean()),
+        "train/num_untrainable_episodes": untrainable,
+        "train/num_sequences": len(sequences),
+    }
+    return sequences, metrics
+
+
+def train(s: GRPOSetup, sequences: list[TrainingSequence]) -> dict[str, float]:
+    """Attach the trainer's (and reference) logprobs, then one update on exactly the sampled tokens."""
+    for sequence, logprobs in zip(sequences, s.policy.get_logprobs(sequences), strict=True):
+        sequence.prev_logprobs = logprobs
+    if s.policy.has_reference_model:
+        for sequence, logprobs in zip(sequences, s.policy.get_reference_policy_logprobs(sequences), strict=True):
+            sequence.reference_logprobs = logprobs
+    return {f"train/{key}": value for key, value in s.policy.train(sequences, s.cfg.loss_fn).items()}
+
+
+def sync_weights(s: GRPOSetup) -> None:
+    """Load the trainer's weights into the generation backend in place (no restart)."""
+    if s.generation.engine is not None:  # hf in this process: copy tensors
+        s.generation.update_weights(s.policy.state_dict_for_generation())
+    else:  # a generation server in another process (vLLM, hf subprocess): through a checkpoint directory
+        directory = Path(s.cfg.checkpointing.checkpoint_dir) / "weights_for_generation"
+        s.generation.update_weights(checkpoint_dir=str(s.policy.save_weights(directory)))
+
+
+def validate(s: GRPOSetup) -> dict[str, float]:
+    """The evaluator's metrics (pass@k, pass^k, mean reward per domain) on the validation rows."""
+    grpo, generation = s.cfg.grpo, s.cfg.policy.generation
+    n = grpo.val_num_generations_per_prompt
+    rows = [row | {"sample_index": k} for row in s.val_rows[: grpo.max_val_samples] for k in range(n)]
+    sampling = SamplingParams(generation.temperature, generation.top_p, generation.max_new_tokens)
+    results = run_nemo_gym_rollout_sync(
+        rows, s.environment.agent_urls, sampling, 1, max_concurrency=grpo.max_rollout_concurrency
+    )
+    records = [
+        EpisodeRecord(
+            r.domain, r.task_id, r.success, r.reward, r.status, r.termination_reason, r.num_turns, r.total_tokens
+        )
+        for r in results
+    ]
+    metrics = compute_eval_metrics(records, ks=sorted({1, n}), num_bootstrap=0, seed=grpo.seed)
+    return {"val/" + key.removeprefix("eval/"): value for key, value in metrics.items()}
+
+
+def save_checkpoint(s: GRPOSetup, step: int) -> Path:
+    directory = s.policy.save_checkpoint(
+        step_dir(s.cfg.checkpointing.checkpoint_dir, step), {"step": step, "curriculum": s.curriculum.state_dict()}
+    )
+    if s.cfg.checkpointing.keep_top_k is not None:
+        prune_checkpoints(s.cfg.checkpointing.checkpoint_dir, s.cfg.checkpointing.keep_top_k)
+    return directory
+
+
+# ================================================================================================ the loop
+
+
+def grpo_train(s: GRPOSetup, on_step: Callable[[int, dict[str, float]], None] | None = None) -> list[dict]:
+    """Train from ``s.start_step`` to ``grpo.max_num_steps``; ``on_step(step, metrics)`` after each step."""
+    cfg = s.cfg
+    history = []
+    if cfg.grpo.val_at_start and s.start_step == 0 and s.val_rows:
+        s.metrics_logger.log(0, validate(s))
+    for step in range(s.start_step, cfg.grpo.max_num_steps):
+        timings: dict[str, float] = {}
+        with _timed(timings, "step"):
+            with _timed(timings, "rollout"):
+                groups, results, metrics = generate(s, step)
+            with _timed(timings, "train"):
+                sequences, advantage_metrics = training_sequences(s, groups)
+                metrics |= advantage_metrics | train(s, sequences)
+            with _timed(timings, "weight_sync"):
+                sync_weights(s)
+        metrics |= timings | {f"train/rollout/{k}": v for k, v in rollout_metrics(results).items()}
+        metrics |= _per_domain_success(results)
+        metrics["train/tokens_per_s"] = sum(len(q) for q in sequences) / max(timings["timing/train_s"], 1e-9)
+        done = step + 1
+        last = done == cfg.grpo.max_num_steps
+        if s.val_rows and (
+            (cfg.grpo.val_period and done % cfg.grpo.val_period == 0) or (last and cfg.grpo.val_at_end)
+        ):
+            metrics |= validate(s)
+        if cfg.checkpointing.enabled and (done % cfg.checkpointing.save_period == 0 or last):
+            save_checkpoint(s, done)
+        s.metrics_logger.log(done, metrics)
+        history.append(metrics)
+        if on_step is not None:
+            on_step(done, metrics)
+    return history
+
+
+def _per_domain_success(results: list[RolloutResult]) -> dict[str, Any]:
+    out = {}
+    for domain in sorted({r.domain for r in results}):
+        valid = [r for r in results if r.domain == domain and r.ok]
+        if valid:
+            out[f"train/{domain}/success_rate"] = sum(r.success for r in valid) / len(valid)
+            out[f"train/{domain}/mean_reward"] = sum(r.reward for r in valid) / len(valid)
+    return out
+
+
+def load_rows(cfg: GRPOMasterConfig) -> tuple[list[dict], list[dict]]:
+    """Training and validation rows: from JSONL files, or the configured splits of ``data.domains``."""
+    import json
+
+    from nemo_tau2.algorithms.tiny_policy import compact_rows
+    from nemo_tau2.tau2_env import domains
+    from nemo_tau2.tau2_env.gym_rows import task_row
+
+    data = cfg.data
+
+    def from_split(split: str | None, path: str | None) -> list[dict]:
+        if path:
+            return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+        if split is None:
+            return []
+        rows = []
+        for domain in data.domains or []:
+            ids = [
+                task.id
+                for task in domains.get_tasks(domain, split)
+                if data.task_ids is None or task.id in data.task_ids
+            ]
+            rows += compact_rows(domain, ids) if data.compact_rows else [task_row(domain, i, split=split) for i in ids]
+        return rows
+
+    train_rows = from_split(data.train_split, data.train_data_path)
+    if not train_rows:
+        raise ValueError("the GRPO config selects no training rows (data.domains, data.train_split, data.task_ids)")
+    return train_rows, from_split(data.val_split, data.val_data_path)

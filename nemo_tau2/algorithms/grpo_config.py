@@ -1,0 +1,115 @@
+"""The GRPO config (``examples/configs/grpo_*.yaml``): NeMo-RL's keys where they exist.
+
+``grpo`` (loop, advantages, sampling, reward shaping, curriculum), ``loss_fn`` (clipped PG loss), ``policy``
+(trainer and ``policy.generation``, the rollout backend serving the current weights), ``user`` (the simulated
+user's own endpoint), ``env.nemo_gym`` (the tau2 Gym servers), ``data`` (train and validation tasks),
+``checkpointing`` and ``logger``.
+"""
+
+from nemo_tau2.models.policy.checkpoint import CheckpointingConfig
+from nemo_tau2.models.policy.config import PolicyConfig
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from nemo_tau2.algorithms.advantages import AdvantageConfig
+from nemo_tau2.algorithms.curriculum import CurriculumConfig
+from nemo_tau2.algorithms.loss import ClippedPGLossConfig
+from nemo_tau2.algorithms.reward_shaping import RewardShapingConfig
+from nemo_tau2.algorithms.sampling import SamplingConfig
+from nemo_tau2.algorithms.tiny_policy import TinyPolicyConfig
+from nemo_tau2.evals.config import NemoGymEnvConfig, UserSimulatorConfig
+from nemo_tau2.tau2_env import DOMAINS
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GRPOSettings(AdvantageConfig, SamplingConfig):
+    """``grpo``: the loop, plus NeMo-RL's flat advantage keys (``use_leave_one_out_baseline``,
+    ``normalize_rewards``, ...) and sampling keys (``use_dynamic_sampling``, ``overlong_filtering``, ...)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_prompts_per_step: int = Field(default=8, ge=1, description="Task rows (prompt groups) per training step.")
+    num_generations_per_prompt: int = Field(default=8, ge=2, description="Episodes per row (the GRPO group).")
+    max_num_steps: int = Field(default=100, ge=1)
+    seed: int = 42
+    max_rollout_concurrency: int = Field(default=64, ge=1, description="Episodes in flight at once.")
+    val_period: int = Field(default=0, ge=0, description="Validate every this many steps; 0 never.")
+    val_at_start: bool = False
+    val_at_end: bool = True
+    max_val_samples: int | None = Field(default=None, ge=1, description="First N validation rows; null all.")
+    val_num_generations_per_prompt: int = Field(default=1, ge=1)
+    reward_shaping: RewardShapingConfig = RewardShapingConfig()
+    curriculum: CurriculumConfig = CurriculumConfig()
+
+    def advantage_config(self) -> AdvantageConfig:
+        return AdvantageConfig.model_validate(self.model_dump(include=set(AdvantageConfig.model_fields)))
+
+    def sampling_config(self) -> SamplingConfig:
+        return SamplingConfig.model_validate(self.model_dump(include=set(SamplingConfig.model_fields)))
+
+
+class GRPODataConfig(_Strict):
+    domains: list[str] | None = Field(default=None, description="tau2 domains (with train_split / val_split).")
+    train_split: str = "train"
+    val_split: str | None = Field(default="test", description="null: no validation rows (unless val_data_path).")
+    task_ids: list[str] | None = Field(default=None, description="Only these tasks of the train split.")
+    compact_rows: bool = Field(
+        default=False,
+        description="Rows with a short system prompt and only each task's gold tools (toy models with small "
+        "contexts, e.g. tiny_policy); scores are then not comparable with tau2's prompts.",
+    )
+    train_data_path: str | None = Field(default=None, description="Gym JSONL rows to train on instead of a split.")
+    val_data_path: str | None = Field(default=None, description="Gym JSONL rows to validate on instead of a split.")
+
+    @model_validator(mode="after")
+    def _rows_from_somewhere(self) -> "GRPODataConfig":
+        unknown = [domain for domain in self.domains or [] if domain not in DOMAINS]
+        if unknown:
+            raise ValueError(f"data.domains: unknown domain(s) {unknown}; tau2 domains are: {', '.join(DOMAINS)}")
+        if not self.domains and not self.train_data_path:
+            raise ValueError("data.domains or data.train_data_path is required")
+        return self
+
+
+class LoggerConfig(_Strict):
+    log_dir: str = Field(default="results/grpo/logs", description="metrics.jsonl (always) and TensorBoard files.")
+    tensorboard_enabled: bool = False
+    wandb_enabled: bool = False
+    wandb_project: str = "nemo-tau2"
+    wandb_name: str | None = None
+
+
+class GRPOEnvConfig(_Strict):
+    nemo_gym: NemoGymEnvConfig = NemoGymEnvConfig(return_token_ids=True)
+
+
+class GRPOMasterConfig(_Strict):
+    grpo: GRPOSettings = GRPOSettings()
+    loss_fn: ClippedPGLossConfig = ClippedPGLossConfig()
+    policy: PolicyConfig
+    user: UserSimulatorConfig
+    env: GRPOEnvConfig = GRPOEnvConfig()
+    data: GRPODataConfig
+    checkpointing: CheckpointingConfig = CheckpointingConfig()
+    logger: LoggerConfig = LoggerConfig()
+    tiny_policy: TinyPolicyConfig | None = Field(
+        default=None, description="Build a warm-started tiny model into policy.model_name if it does not exist (CPU)."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "GRPOMasterConfig":
+        problems = []
+        if self.policy.generation is None:
+            problems.append("policy.generation is required: the backend serving the current weights to rollouts")
+        if not self.env.nemo_gym.return_token_ids:
+            problems.append("env.nemo_gym.return_token_ids must be true: training needs the generated token ids")
+        shaping = self.grpo.reward_shaping
+        if shaping.enabled and self.data.domains:
+            missing = [d for d in self.data.domains if d not in shaping.domain_scale]
+            if missing:
+                problems.append(f"grpo.reward_shaping.domain_scale has no entry for {missing}")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self

@@ -1,0 +1,162 @@
+"""A tiny policy for CPU smoke runs and the "it learns" test: a random small Llama, SFT warm-started on tau2 tasks.
+
+GRPO from a random model gets no signal (every episode fails, every group has zero variance), which is why the slime
+tau2 pipeline runs SFT before GRPO. This module does that warm start at toy scale, with no download: it builds the
+tiny byte-level-BPE Llama of :mod:`nemo_tau2.generation.tiny_model`, then fine-tunes it on each training row's first
+two policy turns as the scripted fake user will play them: the opening request answered by the first gold tool call
+(with probability ``correct_fraction``; otherwise the same call with one argument wrong, which tau2 scores 0), and
+the tool result answered by the closing question that makes the scripted user stop. The result is a policy whose
+success rate starts near ``correct_fraction`` and that GRPO can improve, saved with ``save_pretrained``.
+
+Rows should be compact (:func:`compact_rows`): a short system prompt and only the tools the task uses, so that
+prompts fit the tiny model's context.
+"""
+
+import logging
+import random
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from nemo_tau2.generation.tiny_model import build_tiny_tokenizer, tool_call_text
+from nemo_tau2.tau2_env import domains
+from nemo_tau2.tau2_env.episode import Episode
+from nemo_tau2.tau2_env.gym_rows import task_row
+from nemo_tau2.testing.tau2_scripts import DEFAULT_CLOSING_TEXT, _corrupt, opening_text
+
+logger = logging.getLogger(__name__)
+
+COMPACT_SYSTEM_PROMPT = (
+    "You are a customer service agent. Do what the user asks with the tools, then ask if there is anything else."
+)
+
+
+class TinyPolicyConfig(BaseModel):
+    """``tiny_policy``: build this model into ``policy.model_name`` when that directory does not exist yet."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seed: int = 0
+    hidden_size: int = Field(default=64, ge=8)
+    num_layers: int = Field(default=2, ge=1)
+    max_position_embeddings: int = Field(default=2048, ge=128)
+    correct_fraction: float = Field(default=0.3, ge=0.0, le=1.0, description="Share of correct first calls in SFT.")
+    warm_start_steps: int = Field(default=300, ge=0)
+    learning_rate: float = Field(default=3e-3, gt=0)
+    batch_size: int = Field(default=16, ge=1)
+
+
+def compact_rows(domain: str, task_ids: list[str], agent_name: str = "tau2_agent") -> list[dict]:
+    """Rows with a short system prompt and only the tools of each task's gold actions (toy-scale training)."""
+    rows = []
+    for task_id in task_ids:
+        row = task_row(domain, task_id, agent_name)
+        task = domains.get_task(domain, task_id)
+        used = {action.name for action in task.evaluation_criteria.actions or []}
+        params = row["responses_create_params"]
+        params["input"][0]["content"] = COMPACT_SYSTEM_PROMPT
+        params["tools"] = [tool for tool in params["tools"] if tool["name"] in used]
+        rows.append(row)
+    return rows
+
+
+def _chat_tools(row: dict) -> list[dict]:
+    return [
+        {"type": "function", "function": {key: tool[key] for key in ("name", "description", "parameters")}}
+        for tool in row["responses_create_params"]["tools"]
+    ]
+
+
+def _examples(row: dict, correct: bool) -> list[tuple[list[dict], str]]:
+    """(messages, reply) pairs for the row's first two policy turns."""
+    domain, task_id = row["domain"], str(row["task_id"])
+    task = domains.get_task(domain, task_id)
+    action = task.evaluation_criteria.actions[0]
+    arguments = action.arguments if correct else _corrupt(dict(action.arguments))[0]
+    call = tool_call_text(action.name, arguments)
+    result = Episode.start(domain, task_id).call_tool(action.name, arguments).content
+    start = [
+        {"role": message["role"], "content": message["content"]} for message in row["responses_create_params"]["input"]
+    ]
+    opening = start + [{"role": "user", "content": opening_text(task)}]
+    after_call = opening + [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_0", "type": "function", "function": {"name": action.name, "arguments": arguments}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_0", "content": result},
+    ]
+    return [(opening, call), (after_call, DEFAULT_CLOSING_TEXT)]
+
+
+def build_tiny_policy(cfg: TinyPolicyConfig, rows: list[dict], output_dir: str | Path) -> Path:
+    """Build, warm-start and save the tiny policy (model + tokenizer with its chat template)."""
+    tokenizer = build_tiny_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=2 * cfg.hidden_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(cfg.seed)
+    model = LlamaForCausalLM(config)
+    rng = random.Random(cfg.seed)
+    rows_with_actions = [
+        row for row in rows if domains.get_task(row["domain"], str(row["task_id"])).evaluation_criteria.actions
+    ]
+    if not rows_with_actions:
+        raise ValueError("tiny_policy: no training row has a gold action to warm-start on")
+    # A fixed pool: per row, the right and the wrong first call in the ratio correct_fraction : 1 - correct_fraction.
+    pool: list[tuple[list[int], list[int]]] = []
+    copies = 10
+    for row in rows_with_actions:
+        tools = _chat_tools(row)
+        right = round(copies * cfg.correct_fraction)
+        for index in range(copies):
+            for messages, reply in _examples(row, correct=index < right):
+                prompt = tokenizer.apply_chat_template(
+                    messages, tools=tools, add_generation_prompt=True, tokenize=False
+                )
+                prompt_ids = tokenizer(prompt, add_special_tokens=False).input_ids
+                reply_ids = tokenizer(reply, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+                if len(prompt_ids) + len(reply_ids) > cfg.max_position_embeddings:
+                    raise ValueError(
+                        f"tiny_policy: a warm-start prompt of task {row['task_id']} has "
+                        f"{len(prompt_ids)} tokens; raise max_position_embeddings or use compact rows"
+                    )
+                pool.append((prompt_ids, reply_ids))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate)
+    model.train()
+    loss = torch.tensor(float("nan"))
+    for _ in range(cfg.warm_start_steps):
+        batch = rng.sample(pool, min(cfg.batch_size, len(pool)))
+        width = max(len(p) + len(r) for p, r in batch)
+        ids = torch.full((len(batch), width), tokenizer.pad_token_id)
+        labels = torch.full((len(batch), width), -100)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for i, (prompt_ids, reply_ids) in enumerate(batch):
+            sequence = prompt_ids + reply_ids
+            ids[i, : len(sequence)] = torch.tensor(sequence)
+            labels[i, len(prompt_ids) : len(sequence)] = torch.tensor(reply_ids)
+            mask[i, : len(sequence)] = 1
+        optimizer.zero_grad()
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+    logger.info("tiny policy warm start: final loss %.4f over %d examples", float(loss), len(pool))
+    output = Path(output_dir)
+    model.eval().save_pretrained(output)
+    tokenizer.save_pretrained(output)
+    return output
