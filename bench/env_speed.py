@@ -30,6 +30,7 @@ from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation
 from tau2.gym.gym_agent import AgentGymEnv
 
 from nemo_tau2.gym.launch import GymServers, ServerSpec
+from nemo_tau2.gym.resources_server.bodies import verify_body
 from nemo_tau2.tau2_env import domains, prompts
 
 DOMAINS = ("airline", "retail", "telecom")
@@ -45,33 +46,6 @@ def _rss_kb(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     raise RuntimeError("no VmRSS")
-
-
-def _verify_body(texts: list[str]) -> dict:
-    output = [
-        {
-            "type": "message",
-            "role": "assistant",
-            "id": f"m{i}",
-            "status": "completed",
-            "content": [{"type": "output_text", "text": text, "annotations": []}],
-        }
-        for i, text in enumerate(texts)
-    ]
-    return {
-        "responses_create_params": {"input": []},
-        "response": {
-            "id": "r",
-            "created_at": 0,
-            "model": "m",
-            "object": "response",
-            "output": output,
-            "parallel_tool_calls": True,
-            "tool_choice": "auto",
-            "tools": [],
-        },
-        "termination_reason": "user_stop",
-    }
 
 
 async def _post(http: aiohttp.ClientSession, url: str, body, cookies) -> tuple[float, str, dict]:
@@ -99,7 +73,7 @@ async def _measure_ours(url: str, domain: str, tasks) -> tuple[list, list, list]
                 elapsed, _, cookies = await _post(http, url + route, action.arguments, cookies)
                 calls.append(elapsed)
             texts = [" ".join(task.evaluation_criteria.communicate_info or []) or "done"]
-            elapsed, text, _ = await _post(http, f"{url}/verify", _verify_body(texts), cookies)
+            elapsed, text, _ = await _post(http, f"{url}/verify", verify_body(texts), cookies)
             verifies.append(elapsed)
             assert json.loads(text)["reward"] == 1.0, (domain, task.id, text[:300])
     return seeds, calls, verifies

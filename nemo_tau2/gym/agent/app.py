@@ -28,6 +28,7 @@ from nemo_tau2.gym.agent.orchestrator import Endpoints, EpisodeOrchestrator, Epi
 from nemo_tau2.gym.config_keys import GymInstanceConfigMixin
 from nemo_tau2.gym.fast_middleware import FastMiddlewareMixin
 from nemo_tau2.gym.serving import disable_ray_uv_runtime_env
+from nemo_tau2.gym.task_fields import Tau2TaskFields
 from nemo_tau2.tau2_env import DOMAINS
 
 logger = logging.getLogger(__name__)
@@ -85,16 +86,8 @@ class Tau2AgentConfig(GymInstanceConfigMixin, BaseResponsesAPIAgentConfig):
         return value
 
 
-class Tau2AgentRunRequest(BaseRunRequest):
-    model_config = ConfigDict(extra="allow")
-
-    domain: str
-    task_id: str
-
-    @field_validator("task_id", mode="before")
-    @classmethod
-    def _task_id_as_text(cls, value: Any) -> Any:
-        return str(value) if isinstance(value, int) else value
+class Tau2AgentRunRequest(Tau2TaskFields, BaseRunRequest):
+    model_config = ConfigDict(extra="allow")  # NeMo-Gym agents post the whole dataset row
 
 
 class Tau2Agent(FastMiddlewareMixin, SimpleResponsesAPIAgent):

@@ -116,9 +116,7 @@ class EpisodeState:
     task_id: str
     conversation_id: str
     sample_index: int
-    resources_cookies: dict = field(default_factory=dict)
-    policy_cookies: dict = field(default_factory=dict)
-    user_cookies: dict = field(default_factory=dict)
+    cookies: dict[str, dict] = field(default_factory=lambda: {"resources": {}, "policy": {}, "user": {}})
     outputs: list[dict] = field(default_factory=list)  # the policy's view after the row's input
     user_history: list[dict] = field(default_factory=list)  # the user's view (flipped roles)
     user_system_prompt: str = ""
@@ -234,22 +232,11 @@ class EpisodeOrchestrator:
             "input": self._row_input(state) + _with_last_token_ids_only(state.outputs),
             "user": f"tau2|{state.domain}|{state.task_id}|{state.conversation_id}|policy",
         }
-        started = time.perf_counter()
-        response = await self.http.post(
-            self.endpoints.policy + "/v1/responses",
-            body,
-            self.settings.policy_retry,
-            cookies=state.policy_cookies,
-            what="policy model call",
-        )
-        state.seconds["policy"] += time.perf_counter() - started
-        if response.status != 200:
-            raise InfrastructureError(f"policy model answered HTTP {response.status}: {response.text[:500]}")
-        state.policy_cookies = response.cookies or state.policy_cookies
+        answer = await self._model_call(state, "policy", body)
         state.policy_turns += 1
-        state.last_policy_response = response.body
-        self._count_usage(state, response.body)
-        turn = self._read_turn(response.body, lenient=True)
+        state.last_policy_response = answer
+        self._count_usage(state, answer)
+        turn = self._read_turn(answer, lenient=True)
         self._record_tokens(state, turn.items)
         state.truncated_turns += turn.truncated
         state.outputs.extend(turn.items)
@@ -269,19 +256,7 @@ class EpisodeOrchestrator:
             seed = tau2_trial_seed(self.settings.user_seed, state.sample_index)
             body["metadata"] = {"extra_body": orjson.dumps({"seed": seed}).decode()}
         for _ in range(self.settings.user_empty_retries + 1):
-            started = time.perf_counter()
-            response = await self.http.post(
-                self.endpoints.user + "/v1/responses",
-                body,
-                self.settings.user_retry,
-                cookies=state.user_cookies,
-                what="user simulator call",
-            )
-            state.seconds["user"] += time.perf_counter() - started
-            if response.status != 200:
-                raise InfrastructureError(f"user simulator answered HTTP {response.status}: {response.text[:500]}")
-            state.user_cookies = response.cookies or state.user_cookies
-            turn = self._read_turn(response.body, lenient=bool(state.user_tools))
+            turn = self._read_turn(await self._model_call(state, "user", body), lenient=bool(state.user_tools))
             if turn.calls or turn.text.strip():
                 state.user_turns += 1
                 if turn.calls:
@@ -290,6 +265,22 @@ class EpisodeOrchestrator:
                     state.user_history.append(_message("assistant", turn.text))
                 return turn
         return None
+
+    async def _model_call(self, state: EpisodeState, role: str, body: dict) -> dict:
+        """One Responses API call to the policy's or the user simulator's model server (retried, timed)."""
+        url, retry, what = {
+            "policy": (self.endpoints.policy, self.settings.policy_retry, "policy model"),
+            "user": (self.endpoints.user, self.settings.user_retry, "user simulator"),
+        }[role]
+        started = time.perf_counter()
+        response = await self.http.post(
+            url + "/v1/responses", body, retry, cookies=state.cookies[role], what=f"{what} call"
+        )
+        state.seconds[role] += time.perf_counter() - started
+        if response.status != 200:
+            raise InfrastructureError(f"{what} answered HTTP {response.status}: {response.text[:500]}")
+        state.cookies[role] = response.cookies or state.cookies[role]
+        return response.body
 
     async def _run_calls(self, state: EpisodeState, calls: list[tuple[str, ParsedCall]], requestor: str) -> None:
         history = state.outputs if requestor == AGENT else state.user_history
@@ -341,22 +332,22 @@ class EpisodeOrchestrator:
             self.endpoints.resources + path,
             payload,
             self.settings.resources_retry,
-            cookies=state.resources_cookies,
+            cookies=state.cookies["resources"],
             what=what,
             **kwargs,
         )
-        state.resources_cookies = response.cookies or state.resources_cookies
+        state.cookies["resources"] = response.cookies or state.cookies["resources"]
         return response
 
     async def _end_session_quietly(self, state: EpisodeState) -> None:
-        if not state.resources_cookies:
+        if not state.cookies["resources"]:
             return
         try:
             await self.http.post(
                 self.endpoints.resources + "/end_session",
                 {},
                 RetryConfig(timeout_s=10, max_attempts=1),
-                cookies=state.resources_cookies,
+                cookies=state.cookies["resources"],
                 what="ending the session",
             )
         except InfrastructureError as e:

@@ -36,6 +36,7 @@ from nemo_tau2.gym.config_keys import GymInstanceConfigMixin
 from nemo_tau2.gym.fast_middleware import FastMiddlewareMixin
 from nemo_tau2.gym.resources_server.sessions import SessionStore, TooManySessionsError
 from nemo_tau2.gym.serving import disable_ray_uv_runtime_env
+from nemo_tau2.gym.task_fields import Tau2TaskFields
 from nemo_tau2.tau2_env import domains, prompts
 from nemo_tau2.tau2_env.episode import Episode, Requestor
 from nemo_tau2.tau2_env.reward import NLAssertionsNotEvaluatedError, evaluate_episode
@@ -67,16 +68,8 @@ class Tau2ResourcesServerConfig(GymInstanceConfigMixin, BaseResourcesServerConfi
         return value
 
 
-class Tau2SeedSessionRequest(BaseSeedSessionRequest):
+class Tau2SeedSessionRequest(Tau2TaskFields, BaseSeedSessionRequest):
     model_config = ConfigDict(extra="allow")  # NeMo-Gym agents post the whole dataset row
-
-    domain: str
-    task_id: str
-
-    @field_validator("task_id", mode="before")
-    @classmethod
-    def _task_id_as_text(cls, value: Any) -> Any:
-        return str(value) if isinstance(value, int) else value
 
 
 class Tau2SeedSessionResponse(BaseSeedSessionResponse):

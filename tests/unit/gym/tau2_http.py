@@ -7,6 +7,7 @@ from tau2.data_model.message import AssistantMessage, Message, ToolCall, ToolMes
 from tau2.data_model.simulation import SimulationRun
 from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation
 
+from nemo_tau2.gym.resources_server.bodies import verify_body
 from nemo_tau2.tau2_env import prompts
 
 TOOL_ERROR_HEADER = "X-Tau2-Tool-Error"
@@ -54,30 +55,8 @@ class HttpEpisode:
 
     def verify(self, termination_reason: str = "user_stop") -> dict:
         texts = [m.content for m in self.messages if isinstance(m, AssistantMessage) and m.content]
-        output = [
-            {
-                "type": "message",
-                "role": "assistant",
-                "id": f"msg_{i}",
-                "status": "completed",
-                "content": [{"type": "output_text", "text": text, "annotations": []}],
-            }
-            for i, text in enumerate(texts[1:])
-        ]
-        body = {
-            "responses_create_params": {"input": [{"role": "assistant", "content": texts[0]}]},
-            "response": {
-                "id": "resp",
-                "created_at": 0,
-                "model": "test",
-                "object": "response",
-                "output": output,
-                "parallel_tool_calls": True,
-                "tool_choice": "auto",
-                "tools": [],
-            },
-            "termination_reason": termination_reason,
-        }
+        greeting = [{"role": "assistant", "content": texts[0]}]  # in the row's input, as the agent sends it
+        body = verify_body(texts[1:], termination_reason, input_items=greeting)
         response = self.session.post(f"{self.base_url}/verify", json=body)
         assert response.status_code == 200, response.text
         return response.json()

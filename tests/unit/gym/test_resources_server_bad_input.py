@@ -7,6 +7,7 @@ import requests
 from tau2.data_model.message import ToolCall
 
 from nemo_tau2.gym.launch import GymServers
+from nemo_tau2.gym.resources_server.bodies import verify_body
 from nemo_tau2.tau2_env import domains
 from tests.unit.gym.conftest import RESOURCES_SERVER, resources_server_spec
 
@@ -131,20 +132,7 @@ def test_user_device_tools_have_their_own_routes_and_are_not_agent_tools(server_
 
 def test_verify_rejects_an_unknown_termination_reason_and_ends_the_session(server_url):
     session = _seeded(server_url)
-    body = {
-        "responses_create_params": {"input": []},
-        "response": {
-            "id": "r",
-            "created_at": 0,
-            "model": "m",
-            "object": "response",
-            "output": [],
-            "parallel_tool_calls": True,
-            "tool_choice": "auto",
-            "tools": [],
-        },
-        "termination_reason": "got_bored",
-    }
+    body = verify_body([], termination_reason="got_bored")
     response = session.post(f"{server_url}/verify", json=body)
     assert response.status_code == 400
     assert "unknown termination_reason 'got_bored'" in response.json()["detail"]

@@ -4,6 +4,7 @@ import asyncio
 
 import aiohttp
 
+from nemo_tau2.gym.resources_server.bodies import verify_body
 from nemo_tau2.tau2_env import domains
 
 TASK_ID = "14"  # airline: cancel_reservation then book_reservation (both write); communicates 327, 1000, 44
@@ -26,29 +27,7 @@ async def _episode(base_url: str, index: int, gate: asyncio.Barrier) -> tuple[in
                 if r.headers["X-Tau2-Tool-Error"] == "1":
                     errors.append(await r.text())
             await asyncio.sleep(0)  # let the other sessions' calls in between
-        said = {
-            "type": "message",
-            "role": "assistant",
-            "id": "m",
-            "status": "completed",
-            "content": [
-                {"type": "output_text", "text": " ".join(task.evaluation_criteria.communicate_info), "annotations": []}
-            ],
-        }
-        body = {
-            "responses_create_params": {"input": []},
-            "response": {
-                "id": "r",
-                "created_at": 0,
-                "model": "m",
-                "object": "response",
-                "output": [said],
-                "parallel_tool_calls": True,
-                "tool_choice": "auto",
-                "tools": [],
-            },
-            "termination_reason": "user_stop",
-        }
+        body = verify_body([" ".join(task.evaluation_criteria.communicate_info)])
         async with http.post(f"{base_url}/verify", json=body) as r:
             assert r.status == 200, await r.text()
             return index, errors, await r.json()

@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 from nemo_gym.server_utils import ServerClient
 
 from nemo_tau2.gym.resources_server.app import Tau2ResourcesServer, Tau2ResourcesServerConfig
+from nemo_tau2.gym.resources_server.bodies import verify_body
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 
@@ -22,33 +23,6 @@ def _client() -> TestClient:
     )
     server = Tau2ResourcesServer(config=config, server_client=MagicMock(spec=ServerClient))
     return TestClient(server.setup_webserver())
-
-
-def _verify_body(texts: list[str]) -> dict:
-    output = [
-        {
-            "type": "message",
-            "role": "assistant",
-            "id": f"m{i}",
-            "status": "completed",
-            "content": [{"type": "output_text", "text": text, "annotations": []}],
-        }
-        for i, text in enumerate(texts)
-    ]
-    return {
-        "responses_create_params": {"input": []},
-        "response": {
-            "id": "r",
-            "created_at": 0,
-            "model": "m",
-            "object": "response",
-            "output": output,
-            "parallel_tool_calls": True,
-            "tool_choice": "auto",
-            "tools": [],
-        },
-        "termination_reason": "user_stop",
-    }
 
 
 class TestApp:
@@ -72,10 +46,10 @@ class TestApp:
             },
         )
         assert response.headers["X-Tau2-Tool-Error"] == "0", response.text
-        assert client.post("/verify", json=_verify_body(["The refund is 5244."])).json()["reward"] == 1.0
+        assert client.post("/verify", json=verify_body(["The refund is 5244."])).json()["reward"] == 1.0
 
         client.post("/seed_session", json={"domain": "airline", "task_id": "11"})
-        assert client.post("/verify", json=_verify_body([])).json()["reward"] == 0.0
+        assert client.post("/verify", json=verify_body([])).json()["reward"] == 0.0
 
     def test_example_rows_seed(self) -> None:
         client = _client()
