@@ -234,7 +234,7 @@ def sync_weights(s: GRPOSetup) -> None:
         s.generation.update_weights(s.policy.state_dict_for_generation())
     else:  # a generation server in another process (vLLM, hf subprocess): through a checkpoint directory
         directory = Path(s.cfg.checkpointing.checkpoint_dir) / "weights_for_generation"
-        s.generation.update_weights(checkpoint_dir=str(s.policy.save_weights(directory)))
+        s.generation.update_weights(checkpoint_dir=str(s.policy.save_hf_model(directory)))
 
 
 def validate(s: GRPOSetup) -> dict[str, float]:
