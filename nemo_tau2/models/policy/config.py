@@ -63,9 +63,11 @@ class OptimizerConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "OptimizerConfig":
-        cls = _resolve_class(self.name, "policy.optimizer.name", "torch.optim.", "torch.optim.Optimizer")
-        _check_kwargs(cls, self.kwargs, "policy.optimizer.kwargs", positional=1)
+        _check_kwargs(self.optimizer_class(), self.kwargs, "policy.optimizer.kwargs", positional=1)
         return self
+
+    def optimizer_class(self) -> type:
+        return _resolve_class(self.name, "policy.optimizer.name", "torch.optim.", "torch.optim.Optimizer")
 
 
 class SchedulerConfig(_Strict):
@@ -76,11 +78,13 @@ class SchedulerConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "SchedulerConfig":
-        cls = _resolve_class(
+        _check_kwargs(self.scheduler_class(), self.kwargs, f"policy.scheduler ({self.name}) kwargs", positional=1)
+        return self
+
+    def scheduler_class(self) -> type:
+        return _resolve_class(
             self.name, "policy.scheduler.name", "torch.optim.lr_scheduler.", "torch.optim.lr_scheduler.LRScheduler"
         )
-        _check_kwargs(cls, self.kwargs, f"policy.scheduler ({self.name}) kwargs", positional=1)
-        return self
 
 
 class SchedulerMilestones(_Strict):

@@ -52,18 +52,12 @@ def load_pretrained(cfg: PolicyConfig) -> tuple[PreTrainedModel, PreTrainedToken
 
 
 def _build_optimizer(cfg: PolicyConfig, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    module_name, _, class_name = cfg.optimizer.name.rpartition(".")
-    cls = getattr(__import__(module_name, fromlist=[class_name]), class_name)
-    return cls(params, **cfg.optimizer.kwargs)
+    return cfg.optimizer.optimizer_class()(params, **cfg.optimizer.kwargs)
 
 
 def _build_scheduler(cfg: PolicyConfig, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
     schedulers, milestones = cfg.scheduler_parts()
-    built = []
-    for item in schedulers:
-        module_name, _, class_name = item.name.rpartition(".")
-        cls = getattr(__import__(module_name, fromlist=[class_name]), class_name)
-        built.append(cls(optimizer, **item.kwargs))
+    built = [item.scheduler_class()(optimizer, **item.kwargs) for item in schedulers]
     if not built:
         return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)  # constant lr, still checkpointable
     if len(built) == 1:
@@ -71,13 +65,17 @@ def _build_scheduler(cfg: PolicyConfig, optimizer: torch.optim.Optimizer) -> tor
     return torch.optim.lr_scheduler.SequentialLR(optimizer, built, milestones=milestones)
 
 
-def _warn_on_dropout(model: torch.nn.Module) -> None:
-    active = sorted({m.p for m in model.modules() if isinstance(m, torch.nn.Dropout) and m.p > 0})
+def _warn_on_dropout(model: PreTrainedModel) -> None:
+    # Modules (nn.Dropout) and functional dropout configured on the model config (e.g. Llama's attention_dropout).
+    active = {f"module p={m.p}" for m in model.modules() if isinstance(m, torch.nn.Dropout) and m.p > 0}
+    for key, value in model.config.to_dict().items():
+        if key.endswith(("dropout", "pdrop")) and isinstance(value, float) and value > 0:
+            active.add(f"{key}={value}")
     if active:
         logger.warning(
-            "the model has active dropout (p=%s): training forward passes differ from get_logprobs, so on-policy "
+            "the model has active dropout (%s): training forward passes differ from get_logprobs, so on-policy "
             "ratios are not 1; RL recipes usually set the model's dropout to 0",
-            active,
+            ", ".join(sorted(active)),
         )
 
 

@@ -23,6 +23,7 @@ def ray_policy(tiny):
         policy_config(num_workers=2, train_micro_batch_size=1, optimizer=SGD),
         model=copy.deepcopy(tiny.model),
         tokenizer=tiny.tokenizer,
+        init_reference_model=True,
     )
     yield policy
     policy.shutdown()
@@ -53,6 +54,7 @@ def test_two_ray_workers_give_the_logprobs_and_update_of_one_process(tiny, ray_p
         assert torch.equal(first[name], second[name]), f"replicas differ at {name}"
         torch.testing.assert_close(first[name], tensor, atol=1e-7, rtol=1e-6)
     assert not torch.equal(first["model.norm.weight"], tiny.model.state_dict()["model.norm.weight"])
+    assert ray_policy.get_reference_policy_logprobs(sequences) == local_logprobs  # the initial weights
 
 
 def test_ray_workers_resume_from_a_checkpoint_exactly(ray_policy, tmp_path):

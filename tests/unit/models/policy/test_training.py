@@ -237,3 +237,10 @@ def test_bad_training_input_is_an_error_that_says_what_is_wrong(tiny):
 def test_a_missing_model_is_reported_without_downloading(tmp_path):
     with pytest.raises(ValueError, match=r"policy.model_name: cannot load .*nothing is downloaded"):
         Policy(policy_config(model_name=str(tmp_path / "no-such-model")))
+
+
+def test_active_dropout_is_warned_about(tiny, caplog):
+    model = copy.deepcopy(tiny.model)
+    model.config.attention_dropout = 0.1
+    Policy(policy_config(), model=model, tokenizer=tiny.tokenizer)
+    assert "active dropout (attention_dropout=0.1)" in caplog.text
