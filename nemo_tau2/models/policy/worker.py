@@ -143,6 +143,8 @@ class PolicyWorker:
     def init_distributed(self, init_method: str) -> None:
         """Join the data-parallel process group (gloo on CPU, NCCL on GPU) and take rank 0's weights."""
         backend = "nccl" if self.device.type == "cuda" else "gloo"
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # NCCL binds the communicator to the current device
         dist.init_process_group(backend, init_method=init_method, rank=self.rank, world_size=self.world_size)
         self._in_group = True
         with torch.no_grad():
