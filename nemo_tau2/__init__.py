@@ -3,12 +3,16 @@
 Importing this package makes tau2 safe to use offline: litellm (pulled in by parts of tau2) must read its
 bundled model cost map instead of fetching one from the network, and tau2's loguru output is routed into
 the standard `logging` module (logger name ``tau2``) so applications control it like any other library log.
+It also keeps Ray from re-launching its workers through ``uv run`` (see below).
 """
 
 import os
 
 # Must be set before anything imports litellm (tau2.registry, tau2.agent, tau2.user do): no network at run time.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+# Under `uv run`, Ray would start its workers with `uv run` in an uploaded copy of the working directory: slow,
+# and without this environment's optional extras (torch). Our Ray workers run this interpreter in this environment.
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
 from nemo_tau2._logging import route_tau2_logs  # noqa: E402
 

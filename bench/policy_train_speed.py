@@ -1,0 +1,161 @@
+"""Policy training backend speed: get_logprobs, a train step, exporting weights to generation, Ray startup.
+
+For one model shape (``tiny``: the 2-layer test Llama; ``smollm2-shape``: a randomly initialised Llama of
+SmolLM2-135M's shape, same cost as the real weights) and a batch of ``--batch`` sequences of ``--seq-len`` tokens
+(the second half generated):
+
+- ``get_logprobs_s``: one no-grad pass over the batch; ``train_step_s``: one ``Policy.train`` (forward, backward,
+  clip, AdamW step), median of ``--steps`` after a warm-up, and the tokens/s both give;
+- ``export_s``: ``state_dict_for_generation()``; ``clone_s``: what a copy of it would cost instead;
+  ``update_weights_s``: ``GenerationHandle.update_weights`` into an in-process hf server of the same shape;
+- with ``--ray-workers N``: ``ray_startup_s`` (``ray.init`` + N actors ready, model shipped) and their train step.
+
+    uv run python bench/policy_train_speed.py --model tiny
+    uv run python bench/policy_train_speed.py --model smollm2-shape --batch 4 --seq-len 512 --ray-workers 2
+    uv run python bench/policy_train_speed.py --model smollm2-shape --device cuda --precision bfloat16
+"""
+
+import argparse
+import copy
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import nemo_tau2  # noqa: F401  (offline settings first)
+from nemo_tau2.algorithms.loss import ClippedPGLossConfig
+from nemo_tau2.generation import GenerationConfig, start_generation
+from nemo_tau2.generation.tiny_model import build_tiny_model
+from nemo_tau2.models.policy import Policy, PolicyConfig, TrainingSequence
+
+SMOLLM2_135M_SHAPE = {
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "vocab_size": 49152,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": True,
+}
+LOSS = ClippedPGLossConfig(reference_policy_kl_penalty=0.0)
+
+
+def _model(name: str):
+    tiny = build_tiny_model(seed=0)
+    if name == "tiny":
+        return tiny.model, tiny.tokenizer
+    torch.manual_seed(0)
+    config = LlamaConfig(**SMOLLM2_135M_SHAPE, pad_token_id=tiny.tokenizer.pad_token_id, bos_token_id=None,
+                         eos_token_id=tiny.tokenizer.eos_token_id)  # fmt: skip
+    return LlamaForCausalLM(config).eval(), tiny.tokenizer
+
+
+def _batch(count: int, length: int, vocab: int) -> list[TrainingSequence]:
+    generator = torch.Generator().manual_seed(0)
+    prompt = length // 2
+    sequences = []
+    for i in range(count):
+        ids = torch.randint(10, min(vocab, 500), (length,), generator=generator).tolist()
+        mask = [0] * prompt + [1] * (length - prompt)
+        sequences.append(TrainingSequence(ids, mask, [-1.0 * m for m in mask], advantage=1.0 if i % 2 else -1.0))
+    return sequences
+
+
+def _timed(fn, repeats: int) -> tuple[float, object]:
+    times, result = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), result
+
+
+def _train_timings(policy: Policy, sequences: list[TrainingSequence], steps: int) -> dict[str, float]:
+    logprob_s, logprobs = _timed(lambda: policy.get_logprobs(sequences), 2)
+    for seq, lp in zip(sequences, logprobs, strict=True):
+        seq.prev_logprobs = lp
+    policy.train(sequences, LOSS)  # warm-up
+    train_s, _ = _timed(lambda: policy.train(sequences, LOSS), steps)
+    tokens = sum(len(s) for s in sequences)
+    return {
+        "get_logprobs_s": logprob_s,
+        "get_logprobs_tok_s": tokens / logprob_s,
+        "train_step_s": train_s,
+        "train_tok_s": tokens / train_s,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=["tiny", "smollm2-shape"], default="tiny")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--micro-batch", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--precision", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--activation-checkpointing", action="store_true")
+    parser.add_argument("--ray-workers", type=int, default=0, help="also time N Ray data-parallel workers")
+    parser.add_argument("--torch-threads", type=int, default=None)
+    args = parser.parse_args()
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+
+    model, tokenizer = _model(args.model)
+    fields = {
+        "model_name": args.model,
+        "train_global_batch_size": args.batch,
+        "train_micro_batch_size": min(args.micro_batch, args.batch),
+        "max_total_sequence_length": args.seq_len,
+        "precision": args.precision,
+        "activation_checkpointing": args.activation_checkpointing,
+        "device": args.device,
+        "optimizer": {"name": "torch.optim.AdamW", "kwargs": {"lr": 1e-5}},
+    }
+    sequences = _batch(args.batch, args.seq_len, model.config.vocab_size)
+    params = sum(p.numel() for p in model.parameters())
+    result: dict[str, object] = {"model": args.model, "parameters": params, "batch": args.batch, **fields}
+
+    policy = Policy(PolicyConfig(**fields), model=copy.deepcopy(model), tokenizer=tokenizer)
+    result |= _train_timings(policy, sequences, args.steps)
+    result["export_s"], state = _timed(policy.state_dict_for_generation, 3)
+    result["clone_s"], _ = _timed(lambda: {k: v.clone() for k, v in state.items()}, 3)
+    gen_cfg = GenerationConfig(backend="hf", model_name=args.model, temperature=1.0, top_p=1.0, hf_cfg={})
+    with start_generation(gen_cfg, model=copy.deepcopy(model), tokenizer=tokenizer) as handle:
+        result["update_weights_s"], _ = _timed(lambda: handle.update_weights(state), 3)
+    policy.shutdown()
+    print(f"in-process: {json.dumps({k: v for k, v in result.items() if k.endswith('_s')})}", flush=True)
+
+    if args.ray_workers:
+        started = time.perf_counter()
+        ray_policy = Policy(PolicyConfig(**fields, num_workers=args.ray_workers), model=model, tokenizer=tokenizer)
+        result["ray_workers"] = args.ray_workers
+        result["ray_startup_s"] = time.perf_counter() - started
+        ray_timings = _train_timings(ray_policy, _batch(args.batch, args.seq_len, model.config.vocab_size), args.steps)
+        result |= {f"ray_{key}": value for key, value in ray_timings.items()}
+        shutdown_started = time.perf_counter()
+        ray_policy.shutdown()
+        result["ray_shutdown_s"] = time.perf_counter() - shutdown_started
+        print(
+            f"ray: startup {result['ray_startup_s']:.1f} s, train step {result['ray_train_step_s']:.3f} s", flush=True
+        )
+
+    machine = {
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "load_avg_1m": os.getloadavg()[0],
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    }
+    print(json.dumps({"benchmark": "policy_train_speed", "machine": machine, "result": result}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Models being trained (NeMo-RL's ``nemo_rl/models``): see ``policy``."""

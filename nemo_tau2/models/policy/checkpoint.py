@@ -1,0 +1,139 @@
+"""Checkpoint directories: layout, RNG states, the caller's state, finding the latest and keeping the last K.
+
+A checkpoint is one directory ``<checkpoint_dir>/step_<N>``::
+
+    step_<N>/
+      hf_model/            save_pretrained model + tokenizer (transformers, vLLM and our hf server load it)
+      optimizer.pt         optimizer and LR-scheduler state (identical on every data-parallel replica)
+      rng_state.pt         python / numpy / torch CPU / CUDA RNG states of this process and of each Ray worker
+      trainer_state.json   the caller's state (step, data position, curriculum, ...), as given
+
+It is written under ``tmp_step_<N>`` and renamed when complete, so a crash mid-save never leaves a ``step_<N>``
+that :func:`latest_checkpoint` would pick.
+"""
+
+import json
+import logging
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+logger = logging.getLogger(__name__)
+
+HF_MODEL_DIR = "hf_model"
+OPTIMIZER_FILE = "optimizer.pt"
+RNG_FILE = "rng_state.pt"
+TRAINER_STATE_FILE = "trainer_state.json"
+_STEP_RE = re.compile(r"^step_(\d+)$")
+
+
+class CheckpointingConfig(BaseModel):
+    """``checkpointing`` (NeMo-RL keys); only the most recent ``keep_top_k`` are kept (no metric ranking)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    checkpoint_dir: str = Field(default="results/grpo", description="Holds one step_<N> directory per checkpoint.")
+    save_period: int = Field(default=10, ge=1, description="Save every this many steps.")
+    keep_top_k: int | None = Field(default=3, ge=1, description="Keep the last K checkpoints; null keeps all.")
+
+
+def step_dir(checkpoint_dir: str | Path, step: int) -> Path:
+    """``<checkpoint_dir>/step_<step>``."""
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    return Path(checkpoint_dir) / f"step_{step}"
+
+
+def list_checkpoints(checkpoint_dir: str | Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints under ``checkpoint_dir`` as ``(step, path)``, oldest first (none if it is absent)."""
+    root = Path(checkpoint_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for path in root.iterdir():
+        match = _STEP_RE.match(path.name)
+        if match and path.is_dir() and (path / TRAINER_STATE_FILE).is_file():
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def latest_checkpoint(checkpoint_dir: str | Path) -> Path | None:
+    """The ``step_<N>`` directory with the largest N, or None when there is none (a fresh run)."""
+    found = list_checkpoints(checkpoint_dir)
+    return found[-1][1] if found else None
+
+
+def prune_checkpoints(checkpoint_dir: str | Path, keep_last: int) -> list[Path]:
+    """Delete all but the ``keep_last`` most recent checkpoints (and leftover ``tmp_step_*``); returns the deleted."""
+    if keep_last < 1:
+        raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+    found = list_checkpoints(checkpoint_dir)
+    doomed = [path for _, path in found[:-keep_last]]
+    root = Path(checkpoint_dir)
+    if root.is_dir():
+        doomed += [path for path in root.glob("tmp_step_*") if path.is_dir()]
+    for path in doomed:
+        shutil.rmtree(path)
+        logger.info("deleted checkpoint %s", path)
+    return doomed
+
+
+def temporary_dir(final: Path) -> Path:
+    """The directory a checkpoint is written to before being renamed to ``final`` (emptied if left over)."""
+    if final.exists():
+        raise ValueError(f"checkpoint directory {str(final)!r} already exists; refusing to overwrite it")
+    tmp = final.with_name(f"tmp_{final.name}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def write_trainer_state(directory: Path, trainer_state: dict[str, Any]) -> None:
+    try:
+        text = json.dumps(trainer_state, indent=2, sort_keys=True, allow_nan=True)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"trainer_state must be JSON-serialisable (plain dicts, lists, numbers, strings): {e}") from e
+    (directory / TRAINER_STATE_FILE).write_text(text)
+
+
+def read_trainer_state(directory: Path) -> dict[str, Any]:
+    return json.loads((directory / TRAINER_STATE_FILE).read_text())
+
+
+def get_rng_state() -> dict[str, Any]:
+    """This process's python, numpy, torch CPU and (if initialised) CUDA RNG states."""
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`get_rng_state` captured."""
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def check_checkpoint_dir(directory: str | Path) -> Path:
+    """``directory`` as a Path, or a ValueError naming what is missing from it."""
+    path = Path(directory)
+    parts = (HF_MODEL_DIR, OPTIMIZER_FILE, RNG_FILE, TRAINER_STATE_FILE)
+    missing = [name for name in parts if not (path / name).exists()]
+    if missing:
+        raise ValueError(f"{str(path)!r} is not a complete checkpoint: missing {missing}")
+    return path

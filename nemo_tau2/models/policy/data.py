@@ -1,0 +1,211 @@
+"""Training sequences, their collation into padded tensors, and the one place where logits become token logprobs.
+
+**Frame convention.** Every per-token quantity is aligned with the tokens: for a sequence ``x_0 .. x_{L-1}``,
+``logprobs[t] = log p(x_t | x_<t)`` for ``t >= 1``, and ``logprobs[0] = 0.0`` because the first token has no
+context. The logits of position ``t - 1`` score token ``t``; :func:`token_logprobs` does this shift, once, for
+the trainer and for ``get_logprobs``. The first token can therefore never carry loss (``token_mask[0] == 0``),
+which holds for every episode since a conversation starts with a prompt.
+
+Batches are right-padded: real tokens sit at positions ``0 .. L-1`` of their row (position ids need no
+adjustment), padding after them is masked out of attention and of the loss.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class TrainingSequence:
+    """One episode as the trainer sees it; every per-token list has ``len(token_ids)`` entries.
+
+    Attributes:
+        token_ids: The whole episode: every turn's new prompt tokens followed by what the policy generated.
+        token_mask: 1 on policy-generated tokens (the only ones with loss), 0 on system/user/tool tokens.
+        generation_logprobs: What the generator reported for each generated token; 0.0 elsewhere.
+        advantage: One per episode (GRPO), or one per token.
+        loss_multiplier: 0 removes the episode from the loss (NeMo-RL's ``loss_multiplier`` / ``sample_mask``).
+        prev_logprobs: The trainer's logprobs before the update (``Policy.get_logprobs``); needed by ``train``.
+        reference_logprobs: The reference policy's logprobs; needed when the KL penalty is on.
+    """
+
+    token_ids: list[int]
+    token_mask: list[int]
+    generation_logprobs: list[float]
+    advantage: float | list[float]
+    loss_multiplier: float = 1.0
+    prev_logprobs: list[float] | None = None
+    reference_logprobs: list[float] | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        if n < 2:
+            raise ValueError(f"a training sequence needs at least 2 tokens, got {n}")
+        per_token: dict[str, Any] = {
+            "token_mask": self.token_mask,
+            "generation_logprobs": self.generation_logprobs,
+            "prev_logprobs": self.prev_logprobs,
+            "reference_logprobs": self.reference_logprobs,
+        }
+        if isinstance(self.advantage, list):
+            per_token["advantage"] = self.advantage
+        for name, values in per_token.items():
+            if values is not None and len(values) != n:
+                raise ValueError(f"{name} has {len(values)} entries for {n} tokens")
+        if any(m not in (0, 1) for m in self.token_mask):
+            raise ValueError(f"token_mask must hold only 0 and 1, got {sorted(set(self.token_mask))}")
+        if self.token_mask[0]:
+            raise ValueError("token_mask[0] must be 0: the first token has no context, hence no logprob")
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+
+def sequence_from_message_log(
+    message_log: Sequence[dict[str, Any]],
+    advantage: float,
+    *,
+    loss_multiplier: float = 1.0,
+    max_total_sequence_length: int | None = None,
+    truncate: bool = False,
+) -> TrainingSequence:
+    """The training sequence of one episode's NeMo-RL ``message_log`` (see ``experience.rollouts``).
+
+    Messages are concatenated; ``assistant`` messages are policy-generated (mask 1, their ``generation_logprobs``
+    kept), every other role is prompt (mask 0, logprob 0.0).
+
+    Args:
+        message_log: ``[{"role", "token_ids", "generation_logprobs" (assistant only)}, ...]``.
+        advantage: The episode's advantage, put on every token (masked-out tokens ignore it).
+        loss_multiplier: 0 keeps the episode out of the loss.
+        max_total_sequence_length: With ``truncate=False`` a longer episode is a ValueError; with
+            ``truncate=True`` only its first ``max_total_sequence_length`` tokens are kept (the rest of the
+            episode, including its final turns, gets no loss; the advantage still reflects the whole episode).
+        truncate: See ``max_total_sequence_length``.
+    """
+    token_ids: list[int] = []
+    token_mask: list[int] = []
+    logprobs: list[float] = []
+    for index, message in enumerate(message_log):
+        ids = message.get("token_ids")
+        if not isinstance(ids, list):
+            raise ValueError(f"message_log[{index}] has no token_ids list (role {message.get('role')!r})")
+        if message.get("role") == "assistant":
+            generated = message.get("generation_logprobs")
+            if not isinstance(generated, list) or len(generated) != len(ids):
+                got = len(generated) if isinstance(generated, list) else generated
+                raise ValueError(
+                    f"message_log[{index}] (assistant) needs one generation_logprob per token: "
+                    f"{len(ids)} token_ids, generation_logprobs {got}"
+                )
+            token_mask += [1] * len(ids)
+            logprobs += [float(x) for x in generated]
+        else:
+            token_mask += [0] * len(ids)
+            logprobs += [0.0] * len(ids)
+        token_ids += ids
+    if max_total_sequence_length is not None and len(token_ids) > max_total_sequence_length:
+        if not truncate:
+            raise ValueError(
+                f"the episode has {len(token_ids)} tokens, more than max_total_sequence_length "
+                f"{max_total_sequence_length}; raise the limit, stop rollouts earlier, or pass truncate=True"
+            )
+        cut = max_total_sequence_length
+        token_ids, token_mask, logprobs = token_ids[:cut], token_mask[:cut], logprobs[:cut]
+    return TrainingSequence(
+        token_ids=token_ids,
+        token_mask=token_mask,
+        generation_logprobs=logprobs,
+        advantage=float(advantage),
+        loss_multiplier=loss_multiplier,
+    )
+
+
+@dataclass
+class TrainingBatch:
+    """Right-padded tensors of a list of sequences; ``B`` sequences, ``T`` = longest (rounded up), same frame."""
+
+    input_ids: torch.Tensor  # [B, T] long, padding = pad_token_id
+    attention_mask: torch.Tensor  # [B, T] long, 1 on real tokens
+    token_mask: torch.Tensor  # [B, T] float, 1 on policy-generated tokens
+    generation_logprobs: torch.Tensor  # [B, T] float
+    advantages: torch.Tensor  # [B], or [B, T] when any sequence has per-token advantages
+    sample_mask: torch.Tensor  # [B] float, the loss multipliers
+    prev_logprobs: torch.Tensor | None = None  # [B, T]
+    reference_logprobs: torch.Tensor | None = None  # [B, T]
+    lengths: list[int] = field(default_factory=list)
+
+    def to(self, device: torch.device | str) -> "TrainingBatch":
+        moved = {
+            name: value.to(device) if isinstance(value, torch.Tensor) else value for name, value in vars(self).items()
+        }
+        return TrainingBatch(**moved)
+
+
+def _padded(rows: list[list[float]] | list[list[int]], width: int, fill: float, dtype: torch.dtype) -> torch.Tensor:
+    out = torch.full((len(rows), width), fill, dtype=dtype)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.tensor(row, dtype=dtype)
+    return out
+
+
+def collate(sequences: Sequence[TrainingSequence], pad_token_id: int, pad_to_multiple_of: int = 1) -> TrainingBatch:
+    """Right-pad ``sequences`` into a :class:`TrainingBatch` (optional logprobs only if every sequence has them)."""
+    if not sequences:
+        raise ValueError("cannot collate an empty list of sequences")
+    lengths = [len(s) for s in sequences]
+    width = -(-max(lengths) // pad_to_multiple_of) * pad_to_multiple_of
+
+    def optional(name: str) -> torch.Tensor | None:
+        rows = [getattr(s, name) for s in sequences]
+        return None if any(r is None for r in rows) else _padded(rows, width, 0.0, torch.float32)
+
+    if any(isinstance(s.advantage, list) for s in sequences):
+        rows = [s.advantage if isinstance(s.advantage, list) else [s.advantage] * len(s) for s in sequences]
+        advantages = _padded(rows, width, 0.0, torch.float32)
+    else:
+        advantages = torch.tensor([s.advantage for s in sequences], dtype=torch.float32)
+    return TrainingBatch(
+        input_ids=_padded([s.token_ids for s in sequences], width, pad_token_id, torch.long),
+        attention_mask=_padded([[1] * n for n in lengths], width, 0, torch.long),
+        token_mask=_padded([s.token_mask for s in sequences], width, 0.0, torch.float32),
+        generation_logprobs=_padded([s.generation_logprobs for s in sequences], width, 0.0, torch.float32),
+        advantages=advantages,
+        sample_mask=torch.tensor([s.loss_multiplier for s in sequences], dtype=torch.float32),
+        prev_logprobs=optional("prev_logprobs"),
+        reference_logprobs=optional("reference_logprobs"),
+        lengths=lengths,
+    )
+
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """Per-token logprobs ``[B, T]`` in the token frame: ``out[:, t] = log softmax(logits[:, t-1])[input_ids[:, t]]``.
+
+    Args:
+        logits: ``[B, T, V]`` from a forward pass over ``input_ids`` (any float dtype; computed in fp32).
+        input_ids: ``[B, T]``.
+
+    Returns:
+        ``[B, T]`` float32 with ``out[:, 0] = 0`` (the first token has no context).
+    """
+    shifted = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    picked = shifted.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    return torch.nn.functional.pad(picked, (1, 0), value=0.0)
+
+
+def chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
+    """Consecutive slices of at most ``size`` items (micro-batches)."""
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def even_split(items: Sequence[Any], parts: int) -> list[Sequence[Any]]:
+    """``parts`` consecutive slices whose sizes differ by at most one (possibly empty when items are few)."""
+    base, extra = divmod(len(items), parts)
+    out, start = [], 0
+    for i in range(parts):
+        end = start + base + (1 if i < extra else 0)
+        out.append(items[start:end])
+        start = end
+    return out

@@ -1,0 +1,131 @@
+"""Where the replicas run: one in this process, or ``num_workers`` Ray actors joined in a torch.distributed group.
+
+Both groups answer ``run(method, per_worker_args)`` (one call per replica, results in rank order) and
+``run_rank0(method, *args)``; the :class:`~nemo_tau2.models.policy.lm_policy.Policy` does not know which it holds.
+
+Ray actors take one CPU (``device: cpu``, gloo) or one GPU each (``device: cuda``, NCCL; Ray sets
+``CUDA_VISIBLE_DEVICES`` so each sees its GPU as ``cuda:0``). If Ray is not running, it is started for this
+process (``num_cpus`` = workers on CPU, no dashboard) and stopped on ``shutdown``; a Ray the caller started is
+used and left running.
+"""
+
+import logging
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from nemo_tau2.models.policy.config import PolicyConfig
+from nemo_tau2.models.policy.worker import PolicyWorker
+
+logger = logging.getLogger(__name__)
+
+
+class LocalWorkerGroup:
+    """The single replica, in this process (no Ray, no process group)."""
+
+    world_size = 1
+
+    def __init__(self, cfg: PolicyConfig, **worker_kwargs: Any) -> None:
+        self.worker = PolicyWorker(cfg, **worker_kwargs)
+
+    def run(self, method: str, per_worker_args: Sequence[tuple]) -> list[Any]:
+        (args,) = per_worker_args
+        return [getattr(self.worker, method)(*args)]
+
+    def run_rank0(self, method: str, *args: Any) -> Any:
+        return getattr(self.worker, method)(*args)
+
+    def shutdown(self) -> None:
+        self.worker.close()
+
+
+def _import_ray() -> Any:
+    """Ray, with its `uv run` worker hook off unless the user turned it on (see ``nemo_tau2/__init__.py``)."""
+    import ray
+    import ray._private.ray_constants as ray_constants
+
+    if os.environ.get("RAY_ENABLE_UV_RUN_RUNTIME_ENV") == "0" and ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV:
+        # Ray was imported before nemo_tau2 and read the default; ray.init reads this flag at call time.
+        ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV = False
+    return ray
+
+
+class RayWorkerGroup:
+    """``cfg.num_workers`` :class:`PolicyWorker` actors in one data-parallel process group.
+
+    Args:
+        cfg: The policy config (``num_workers`` > 1).
+        model / tokenizer: Objects to replicate (shipped once through the object store), or None to let each
+            actor load ``cfg.model_name``.
+        init_reference_model: Passed to every worker.
+        seed: Worker ``r`` seeds its RNGs with ``seed + r``.
+        ray_init_kwargs: Extra ``ray.init`` arguments, used only if this group starts Ray.
+    """
+
+    def __init__(
+        self,
+        cfg: PolicyConfig,
+        *,
+        model: PreTrainedModel | None,
+        tokenizer: PreTrainedTokenizerBase | None,
+        init_reference_model: bool,
+        seed: int,
+        ray_init_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        ray = self._ray = _import_ray()
+        self.world_size = cfg.num_workers
+        self.actors: list[Any] = []
+        self._owns_ray = not ray.is_initialized()
+        started = time.monotonic()
+        if self._owns_ray:
+            kwargs: dict[str, Any] = {"include_dashboard": False, "configure_logging": False}
+            if cfg.device == "cpu":
+                kwargs["num_cpus"] = cfg.num_workers
+            ray.init(**(kwargs | (ray_init_kwargs or {})))
+        try:
+            resources = {"num_cpus": 1, "num_gpus": 1 if cfg.device == "cuda" else 0}
+            actor_cls = ray.remote(**resources)(PolicyWorker)
+            shared = {
+                "model": ray.put(model) if model is not None else None,
+                "tokenizer": tokenizer,
+                "init_reference_model": init_reference_model,
+            }
+            self.actors = [
+                actor_cls.remote(cfg, rank=rank, world_size=self.world_size, **shared)
+                for rank in range(self.world_size)
+            ]
+            address = ray.get(self.actors[0].rendezvous_address.remote())
+            ray.get([actor.init_distributed.remote(address) for actor in self.actors])
+            ray.get([actor.seed.remote(seed + rank) for rank, actor in enumerate(self.actors)])
+        except BaseException:
+            self.shutdown()
+            raise
+        logger.info("%d Ray policy workers ready in %.1f s", self.world_size, time.monotonic() - started)
+
+    def run(self, method: str, per_worker_args: Sequence[tuple]) -> list[Any]:
+        if len(per_worker_args) != len(self.actors):
+            raise ValueError(f"{method}: {len(per_worker_args)} argument tuples for {len(self.actors)} workers")
+        pairs = zip(self.actors, per_worker_args, strict=True)
+        futures = [getattr(actor, method).remote(*args) for actor, args in pairs]
+        return self._ray.get(futures)
+
+    def run_rank0(self, method: str, *args: Any) -> Any:
+        return self._ray.get(getattr(self.actors[0], method).remote(*args))
+
+    def shutdown(self) -> None:
+        """Leave the process group, end the actors, and stop Ray if this group started it."""
+        ray = self._ray
+        if self.actors:
+            try:
+                ray.get([actor.close.remote() for actor in self.actors], timeout=60)
+            except (ray.exceptions.RayError, TimeoutError) as e:
+                logger.warning("policy workers did not close cleanly: %s", e)
+            for actor in self.actors:
+                ray.kill(actor)
+            self.actors = []
+        if self._owns_ray and ray.is_initialized():
+            ray.shutdown()
+            self._owns_ray = False
