@@ -14,6 +14,7 @@ Reported logprobs are those of the raw model distribution (see :mod:`nemo_tau2.g
 
 import asyncio
 import concurrent.futures
+import itertools
 import logging
 import queue
 import random
@@ -225,6 +226,9 @@ class HFEngine:
         """Worker loop: admit waiting requests between decode steps, one busy period per hold of the weights."""
         batch = DecodeBatch(self.model, self.end_of_turn_ids, self._pad_id)
         futures: dict[int, concurrent.futures.Future] = {}
+        # Tags are serial numbers, never id(): a finished request's object can be freed and its id reused by a
+        # newer one while an older row with that tag is still decoding (results would go to the wrong caller).
+        tags = itertools.count()
         holding = False
         while True:
             if not len(batch):
@@ -244,8 +248,9 @@ class HFEngine:
                 new = []  # an update is waiting: finish the rows in flight, admit nothing
             try:
                 if new:
-                    batch.add([self._row(p.request) for p in new], [id(p) for p in new])
-                    futures.update((id(p), p.future) for p in new)
+                    new_tags = [next(tags) for _ in new]
+                    batch.add([self._row(p.request) for p in new], new_tags)
+                    futures.update(zip(new_tags, (p.future for p in new), strict=True))
                     self.largest_batch = max(self.largest_batch, len(batch))
                 finished = batch.step()
             except Exception as e:  # the worker must survive a failing step; each caller gets the error
