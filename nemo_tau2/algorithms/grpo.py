@@ -191,7 +191,7 @@ def training_sequences(s: GRPOSetup, groups: list[EpisodeGroup]) -> tuple[list[T
     """Advantages per episode, then one training sequence per episode that has generated tokens."""
     episodes, group_ids = flatten_groups(groups)
     rewards = torch.tensor([episode.reward for episode in episodes], dtype=torch.float32)
-    advantages = compute_advantages(rewards, torch.tensor(group_ids), None, s.cfg.grpo.advantage_config())
+    advantages = compute_advantages(rewards, torch.tensor(group_ids), s.cfg.grpo.advantage_config())
     sequences, untrainable = [], 0
     for episode, advantage in zip(episodes, advantages.tolist(), strict=True):
         result: RolloutResult = episode.data

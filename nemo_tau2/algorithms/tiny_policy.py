@@ -13,7 +13,6 @@ prompts fit the tiny model's context.
 """
 
 import logging
-import random
 from pathlib import Path
 
 import torch
@@ -45,7 +44,6 @@ class TinyPolicyConfig(BaseModel):
     correct_fraction: float = Field(default=0.3, ge=0.0, le=1.0, description="Share of correct first calls in SFT.")
     warm_start_steps: int = Field(default=300, ge=0)
     learning_rate: float = Field(default=3e-3, gt=0)
-    batch_size: int = Field(default=16, ge=1)
 
 
 def compact_rows(domain: str, task_ids: list[str], agent_name: str = "tau2_agent") -> list[dict]:
@@ -112,50 +110,47 @@ def build_tiny_policy(cfg: TinyPolicyConfig, rows: list[dict], output_dir: str |
     )
     torch.manual_seed(cfg.seed)
     model = LlamaForCausalLM(config)
-    rng = random.Random(cfg.seed)
-    rows_with_actions = [
-        row for row in rows if domains.get_task(row["domain"], str(row["task_id"])).evaluation_criteria.actions
-    ]
+    rows_with_actions = [row for row in rows if domains.get_task(row["domain"], str(row["task_id"]))
+                         .evaluation_criteria.actions]
     if not rows_with_actions:
         raise ValueError("tiny_policy: no training row has a gold action to warm-start on")
-    # A fixed pool: per row, the right and the wrong first call in the ratio correct_fraction : 1 - correct_fraction.
-    pool: list[tuple[list[int], list[int]]] = []
-    copies = 10
+    # Each distinct (prompt, reply) once, weighted: the right and the wrong first call in the ratio
+    # correct_fraction : 1 - correct_fraction, so that the model's sampling probabilities end near that ratio.
+    examples: list[tuple[list[int], list[int], float]] = []
     for row in rows_with_actions:
         tools = _chat_tools(row)
-        right = round(copies * cfg.correct_fraction)
-        for index in range(copies):
-            for messages, reply in _examples(row, correct=index < right):
-                prompt = tokenizer.apply_chat_template(
-                    messages, tools=tools, add_generation_prompt=True, tokenize=False
-                )
+        for correct, weight in ((True, cfg.correct_fraction), (False, 1.0 - cfg.correct_fraction)):
+            for messages, reply in _examples(row, correct):
+                prompt = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+                                                       tokenize=False)
                 prompt_ids = tokenizer(prompt, add_special_tokens=False).input_ids
                 reply_ids = tokenizer(reply, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
                 if len(prompt_ids) + len(reply_ids) > cfg.max_position_embeddings:
-                    raise ValueError(
-                        f"tiny_policy: a warm-start prompt of task {row['task_id']} has "
-                        f"{len(prompt_ids)} tokens; raise max_position_embeddings or use compact rows"
-                    )
-                pool.append((prompt_ids, reply_ids))
+                    raise ValueError(f"tiny_policy: a warm-start prompt of task {row['task_id']} has "
+                                     f"{len(prompt_ids)} tokens; raise max_position_embeddings or use compact rows")
+                examples.append((prompt_ids, reply_ids, weight))
+    width = max(len(p) + len(r) for p, r, _ in examples)
+    ids = torch.full((len(examples), width), tokenizer.pad_token_id)
+    reply_mask = torch.zeros((len(examples), width))
+    attention = torch.zeros((len(examples), width), dtype=torch.long)
+    for i, (prompt_ids, reply_ids, _) in enumerate(examples):
+        ids[i, : len(prompt_ids) + len(reply_ids)] = torch.tensor(prompt_ids + reply_ids)
+        reply_mask[i, len(prompt_ids) : len(prompt_ids) + len(reply_ids)] = 1.0
+        attention[i, : len(prompt_ids) + len(reply_ids)] = 1
+    weights = torch.tensor([weight for _, _, weight in examples])
+    targets, target_mask = ids[:, 1:], reply_mask[:, 1:]
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate)
     model.train()
     loss = torch.tensor(float("nan"))
     for _ in range(cfg.warm_start_steps):
-        batch = rng.sample(pool, min(cfg.batch_size, len(pool)))
-        width = max(len(p) + len(r) for p, r in batch)
-        ids = torch.full((len(batch), width), tokenizer.pad_token_id)
-        labels = torch.full((len(batch), width), -100)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for i, (prompt_ids, reply_ids) in enumerate(batch):
-            sequence = prompt_ids + reply_ids
-            ids[i, : len(sequence)] = torch.tensor(sequence)
-            labels[i, len(prompt_ids) : len(sequence)] = torch.tensor(reply_ids)
-            mask[i, : len(sequence)] = 1
         optimizer.zero_grad()
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        logprobs = torch.log_softmax(model(input_ids=ids, attention_mask=attention).logits[:, :-1].float(), dim=-1)
+        token_nll = -logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1) * target_mask
+        per_example = token_nll.sum(-1) / target_mask.sum(-1)
+        loss = (weights * per_example).sum() / weights.sum()
         loss.backward()
         optimizer.step()
-    logger.info("tiny policy warm start: final loss %.4f over %d examples", float(loss), len(pool))
+    logger.info("tiny policy warm start: final loss %.4f over %d examples", loss.item(), len(examples))
     output = Path(output_dir)
     model.eval().save_pretrained(output)
     tokenizer.save_pretrained(output)
