@@ -155,3 +155,33 @@ def build_tiny_policy(cfg: TinyPolicyConfig, rows: list[dict], output_dir: str |
     model.eval().save_pretrained(output)
     tokenizer.save_pretrained(output)
     return output
+
+
+def first_call_preference(model_dir: str | Path, rows: list[dict]) -> float:
+    """Mean over rows of log P(right first call) - log P(wrong first call) under the model at ``model_dir``.
+
+    The success of a sampled episode is a noisy read of what GRPO changed; this is the exact one: the warm start sets
+    it near log(correct_fraction / (1 - correct_fraction)), learning raises it, a frozen policy leaves it unchanged.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+
+    def reply_logprob(messages: list[dict], tools: list[dict], reply: str) -> float:
+        prompt = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+        prompt_ids = tokenizer(prompt, add_special_tokens=False).input_ids
+        reply_ids = tokenizer(reply, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+        ids = torch.tensor([prompt_ids + reply_ids])
+        with torch.no_grad():
+            logprobs = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), dim=-1)
+        targets = ids[0, len(prompt_ids) :]
+        return logprobs[len(prompt_ids) - 1 :].gather(-1, targets.unsqueeze(-1)).sum().item()
+
+    margins = []
+    for row in rows:
+        tools = _chat_tools(row)
+        (messages, right), _ = _examples(row, correct=True)
+        (_, wrong), _ = _examples(row, correct=False)
+        margins.append(reply_logprob(messages, tools, right) - reply_logprob(messages, tools, wrong))
+    return sum(margins) / len(margins)
