@@ -24,9 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from nemo_tau2.models.policy.checkpoint import latest_checkpoint, prune_checkpoints, step_dir
-from nemo_tau2.models.policy.data import TrainingSequence, sequence_from_message_log
-from nemo_tau2.models.policy.lm_policy import Policy
 
 from nemo_tau2.algorithms.advantages import compute_advantages
 from nemo_tau2.algorithms.curriculum import TaskCurriculum
@@ -42,6 +39,9 @@ from nemo_tau2.experience.rollouts import (
 )
 from nemo_tau2.generation.launch import GenerationHandle, start_generation
 from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec
+from nemo_tau2.models.policy.checkpoint import latest_checkpoint, prune_checkpoints, step_dir
+from nemo_tau2.models.policy.data import TrainingSequence, sequence_from_message_log
+from nemo_tau2.models.policy.lm_policy import Policy
 from nemo_tau2.utils.metrics_logger import MetricsLogger
 
 logger = logging.getLogger(__name__)

@@ -110,8 +110,9 @@ def build_tiny_policy(cfg: TinyPolicyConfig, rows: list[dict], output_dir: str |
     )
     torch.manual_seed(cfg.seed)
     model = LlamaForCausalLM(config)
-    rows_with_actions = [row for row in rows if domains.get_task(row["domain"], str(row["task_id"]))
-                         .evaluation_criteria.actions]
+    rows_with_actions = [
+        row for row in rows if domains.get_task(row["domain"], str(row["task_id"])).evaluation_criteria.actions
+    ]
     if not rows_with_actions:
         raise ValueError("tiny_policy: no training row has a gold action to warm-start on")
     # Each distinct (prompt, reply) once, weighted: the right and the wrong first call in the ratio
@@ -121,13 +122,16 @@ def build_tiny_policy(cfg: TinyPolicyConfig, rows: list[dict], output_dir: str |
         tools = _chat_tools(row)
         for correct, weight in ((True, cfg.correct_fraction), (False, 1.0 - cfg.correct_fraction)):
             for messages, reply in _examples(row, correct):
-                prompt = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
-                                                       tokenize=False)
+                prompt = tokenizer.apply_chat_template(
+                    messages, tools=tools, add_generation_prompt=True, tokenize=False
+                )
                 prompt_ids = tokenizer(prompt, add_special_tokens=False).input_ids
                 reply_ids = tokenizer(reply, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
                 if len(prompt_ids) + len(reply_ids) > cfg.max_position_embeddings:
-                    raise ValueError(f"tiny_policy: a warm-start prompt of task {row['task_id']} has "
-                                     f"{len(prompt_ids)} tokens; raise max_position_embeddings or use compact rows")
+                    raise ValueError(
+                        f"tiny_policy: a warm-start prompt of task {row['task_id']} has "
+                        f"{len(prompt_ids)} tokens; raise max_position_embeddings or use compact rows"
+                    )
                 examples.append((prompt_ids, reply_ids, weight))
     width = max(len(p) + len(r) for p, r, _ in examples)
     ids = torch.full((len(examples), width), tokenizer.pad_token_id)

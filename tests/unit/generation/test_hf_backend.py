@@ -180,13 +180,16 @@ def test_each_of_many_concurrent_requests_gets_its_own_completion(taught_tiny):
     """Rows join and leave the running batch in waves; every caller must get the completion of its own request
     (a finished request's tag must never be reused by a newer one while rows are in flight)."""
     with start_generation(
-        hf_config(batch_wait_ms=1, max_batch_size=6), model=copy.deepcopy(taught_tiny.model),
+        hf_config(batch_wait_ms=1, max_batch_size=6),
+        model=copy.deepcopy(taught_tiny.model),
         tokenizer=taught_tiny.tokenizer,
     ) as handle:
         prompts = [CHAT, TOOL_PROMPT, CHAT[1:], TOOL_PROMPT[1:]]
         jobs = [(prompts[i % 4], 1 + (i * 7) % 40) for i in range(120)]
-        alone = {(i % 4, n): _chat(handle, m, temperature=0.0, max_tokens=n)["choices"][0]["token_ids"]
-                 for i, (m, n) in enumerate(jobs)}
+        alone = {
+            (i % 4, n): _chat(handle, m, temperature=0.0, max_tokens=n)["choices"][0]["token_ids"]
+            for i, (m, n) in enumerate(jobs)
+        }
         with concurrent.futures.ThreadPoolExecutor(24) as pool:
             futures = [pool.submit(_chat, handle, m, temperature=0.0, max_tokens=n) for m, n in jobs]
             together = [future.result()["choices"][0]["token_ids"] for future in futures]
