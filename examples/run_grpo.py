@@ -73,6 +73,8 @@ def main() -> int:
     except (GenerationStartupError, ServerStartError) as e:
         print(f"error: could not start: {e}", file=sys.stderr)
         return 3
+    if setup.start_step:
+        print(f"resuming at step {setup.start_step} from {cfg.checkpointing.checkpoint_dir}", file=sys.stderr)
     header = " ".join(title.rjust(len(fmt.format(0)) if key != "step" else 5) for key, title, fmt in COLUMNS)
     progress = tqdm(total=cfg.grpo.max_num_steps, initial=setup.start_step, desc="GRPO steps", unit="step")
     progress.write(header)

@@ -293,9 +293,9 @@ def grpo_train(s: GRPOSetup, on_step: Callable[[int, dict[str, float]], None] | 
             (cfg.grpo.val_period and done % cfg.grpo.val_period == 0) or (last and cfg.grpo.val_at_end)
         ):
             metrics |= validate(s)
+        s.metrics_logger.log(done, metrics)  # before the checkpoint: a kill in between re-runs and re-logs the step
         if cfg.checkpointing.enabled and (done % cfg.checkpointing.save_period == 0 or last):
             save_checkpoint(s, done)
-        s.metrics_logger.log(done, metrics)
         history.append(metrics)
         if on_step is not None:
             on_step(done, metrics)

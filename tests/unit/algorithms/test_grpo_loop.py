@@ -1,10 +1,17 @@
 """The GRPO loop end to end on CPU: real Gym servers, the hf backend, the scripted fake user, a tiny policy.
 
 The policy is the warm-started tiny Llama of :mod:`nemo_tau2.algorithms.tiny_policy`; it picks the right first tool
-call about as often as a wrong one. What GRPO must change is read exactly, not from noisy sampled success: the
-log-probability margin of the right call over the wrong one.
+call about as often as a wrong one. GRPO must raise its mean reward (validation on 64 episodes) while the same run
+with the learning rate at zero does not; the log-probability margin of the right call over the wrong one is the exact
+read of the same change.
 """
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -52,22 +59,41 @@ def test_shipped_grpo_configs_validate_and_keep_the_gym_rules(name):
     assert cfg.grpo.max_num_steps > 0
 
 
-def test_grpo_makes_the_right_first_call_more_likely_than_the_wrong_one(tiny_policy, tmp_path):
-    cfg = _config(tmp_path, tiny_policy, "grpo.max_num_steps=8", "checkpointing.enabled=false")
-    train_rows, _ = grpo.load_rows(cfg)
-    before = first_call_preference(tiny_policy, train_rows)
-    s = grpo.setup(cfg, train_rows, [])
+def _train_and_validate(tiny_policy: Path, tmp: Path, *overrides: str) -> dict:
+    cfg = _config(tmp, tiny_policy, "grpo.max_num_steps=8", "checkpointing.enabled=false", *overrides)
+    train_rows, val_rows = grpo.load_rows(cfg)
+    s = grpo.setup(cfg, train_rows, val_rows)
     try:
+        before = grpo.validate(s)["val/overall/mean_reward"]
         history = grpo.grpo_train(s)
-        trained = s.policy.save_hf_model(tmp_path / "trained")
+        after = grpo.validate(s)["val/overall/mean_reward"]
+        trained = s.policy.save_hf_model(tmp / "trained")
     finally:
         s.close()
-    after = first_call_preference(trained, train_rows)
     assert len(history) == 8
     assert all(step["train/rollout/num_infrastructure_errors"] == 0 for step in history)
-    assert abs(before) < 1.0, f"the warm start should leave the two calls near even, margin {before:.2f}"
-    # measured: about +0.1 before, +3 to +5 after 8 to 12 steps at lr 2e-4
-    assert after > before + 1.5, f"GRPO did not learn: margin {before:.2f} -> {after:.2f}"
+    return {"before": before, "after": after, "margin": first_call_preference(trained, train_rows)}
+
+
+def test_grpo_raises_the_mean_reward_and_the_same_run_without_updates_does_not(tiny_policy, tmp_path):
+    cfg = _config(tmp_path, tiny_policy)
+    train_rows, _ = grpo.load_rows(cfg)
+    margin_before = first_call_preference(tiny_policy, train_rows)
+    sixty_four_episodes = "grpo.val_num_generations_per_prompt=32"
+    learned = _train_and_validate(tiny_policy, tmp_path / "learned", sixty_four_episodes)
+    frozen = _train_and_validate(
+        tiny_policy, tmp_path / "frozen", sixty_four_episodes, "policy.optimizer.kwargs.lr=0.0"
+    )
+
+    # measured: 0.50 -> 0.97 mean reward in 8 steps with updates, 0.50 -> 0.53 without; the noise of a 64-episode
+    # mean is about 0.06
+    assert learned["after"] > learned["before"] + 0.25, learned
+    assert learned["after"] > frozen["after"] + 0.25, (learned, frozen)
+    assert frozen["after"] < frozen["before"] + 0.25, frozen
+    # the exact read of the same thing: the right call's log-probability margin over the wrong one
+    assert abs(margin_before) < 1.0, f"the warm start should leave the two calls near even, margin {margin_before:.2f}"
+    assert learned["margin"] > margin_before + 1.5, (margin_before, learned)
+    assert frozen["margin"] == pytest.approx(margin_before, abs=1e-5), (margin_before, frozen)
 
 
 def test_a_rerun_resumes_from_the_latest_checkpoint_with_its_weights(tiny_policy, tmp_path):
@@ -78,6 +104,10 @@ def test_a_rerun_resumes_from_the_latest_checkpoint_with_its_weights(tiny_policy
         grpo.grpo_train(s)
         weights_at_2 = {name: t.clone() for name, t in s.policy.state_dict_for_generation().items()}
         curriculum_at_2 = s.curriculum.state_dict()
+        groups, _, _ = grpo.generate(s, 2)
+        step_3_batch, _ = grpo.training_sequences(s, groups)
+        uninterrupted = grpo.train(s, step_3_batch)
+        uninterrupted_weights = s.policy.state_dict_for_generation()
     finally:
         s.close()
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith("step_")) == [
@@ -94,8 +124,46 @@ def test_a_rerun_resumes_from_the_latest_checkpoint_with_its_weights(tiny_policy
         assert all(torch.equal(restored[name], weights_at_2[name]) for name in weights_at_2)
         served = s.generation.engine.model.state_dict()
         assert all(torch.equal(served[name], weights_at_2[name]) for name in weights_at_2)
-        steps = []
-        grpo.grpo_train(s, on_step=lambda step, metrics: steps.append(step))
+        # the optimizer state came back too: the same batch gives the same loss and the same update
+        resumed_metrics = grpo.train(s, step_3_batch)
+        assert resumed_metrics["train/loss"] == uninterrupted["train/loss"]
+        after = s.policy.state_dict_for_generation()
+        assert all(torch.equal(after[name], uninterrupted_weights[name]) for name in after)
     finally:
         s.close()
-    assert steps == [3]
+
+
+def test_run_grpo_killed_mid_run_resumes_where_its_last_checkpoint_left_off(tiny_policy, tmp_path):
+    command = [
+        sys.executable,
+        str(CONFIGS.parent / "run_grpo.py"),
+        "--config",
+        str(SMOKE),
+        f"policy.model_name={tiny_policy}",
+        f"logger.log_dir={tmp_path / 'logs'}",
+        f"checkpointing.checkpoint_dir={tmp_path / 'checkpoints'}",
+        "logger.tensorboard_enabled=false",
+        "grpo.val_period=0",
+        "grpo.val_at_end=false",
+        "grpo.max_num_steps=4",
+        "checkpointing.save_period=1",
+    ]
+    run = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    deadline = time.monotonic() + 300
+    while not (tmp_path / "checkpoints" / "step_2").is_dir():
+        assert run.poll() is None, run.stdout.read()
+        assert time.monotonic() < deadline, "no step_2 checkpoint within 300 s"
+        time.sleep(0.2)
+    os.killpg(run.pid, signal.SIGKILL)
+    run.wait()
+
+    rerun = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    resumed_at = int(rerun.stderr.split("resuming at step ")[1].split()[0])
+    assert resumed_at >= 2
+    assert (tmp_path / "checkpoints" / "step_4").is_dir()
+    logged = [json.loads(line)["step"] for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert logged[-(4 - resumed_at) :] == list(range(resumed_at + 1, 5))
+    assert set(logged) == {1, 2, 3, 4}  # a step logged before the kill but not checkpointed is logged again
