@@ -17,6 +17,7 @@ reward shaping) and a binary ``success`` (tau2's ``|reward - 1| <= 1e-6``).
 
 import contextlib
 import functools
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,8 @@ from tau2.evaluator.evaluator_communicate import CommunicateEvaluator
 from nemo_tau2.tau2_env import domains
 from nemo_tau2.tau2_env.episode import Episode, history_messages
 from nemo_tau2.tau2_env.session_db import SnapshotJsonCache, databases_equal
+
+logger = logging.getLogger(__name__)
 
 NORMAL_TERMINATIONS = frozenset({TerminationReason.USER_STOP.value, TerminationReason.AGENT_STOP.value})
 TERMINATION_REASONS = tuple(reason.value for reason in TerminationReason)
@@ -104,9 +107,20 @@ def _db_check(episode: Episode) -> DBCheck:
 
 
 def _env_assertion_checks(episode: Episode, task: Task) -> list[EnvAssertionCheck]:
+    """Each assertion run on the episode's environment; one whose check raises is not met.
+
+    An assertion raises when the agent never created what it inspects (mock's ``assert_task_status`` on a task that
+    does not exist raises "Task task_2 not found"). tau2's ``run_task`` lets that exception end the whole run, or
+    with ``--skip-failed-samples`` scores the episode 0; we score the assertion unmet, so the episode gets the same
+    0 and the run goes on.
+    """
     checks = []
     for assertion in task.evaluation_criteria.env_assertions or []:
-        met = episode.env.run_env_assertion(assertion, raise_assertion_error=False)
+        try:
+            met = episode.env.run_env_assertion(assertion, raise_assertion_error=False)
+        except Exception as e:  # noqa: BLE001  (domain code raises plain exceptions on missing objects)
+            logger.info("env assertion %s raised %s: %s; scored as not met", assertion.func_name, type(e).__name__, e)
+            met = False
         checks.append(EnvAssertionCheck(env_assertion=assertion, met=met, reward=1.0 if met else 0.0))
     return checks
 

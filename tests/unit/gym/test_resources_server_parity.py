@@ -96,3 +96,20 @@ def test_premature_termination_scores_zero_like_tau2(resources_server_url):
         ours = episode.verify(termination_reason=reason)
         assert ours["reward"] == episode.tau2_reward(task, termination_reason=reason) == 0.0
         assert ours["termination_reason"] == reason and ours["success"] is False
+
+
+def test_an_env_assertion_that_raises_scores_zero_like_tau2_skip_failed_samples(resources_server_url):
+    # mock's create_task_1_with_env_assertions asserts on task_2, which only the agent's create_task call makes:
+    # without it the assertion's function raises "Task task_2 not found" (tau2 ends the run, or with
+    # --skip-failed-samples scores the episode 0)
+    task = domains.get_task("mock", "create_task_1_with_env_assertions")
+    episode = HttpEpisode(resources_server_url, "mock", task.id)
+    episode.seed()
+    ours = episode.verify()
+    assert ours["reward"] == 0.0 and ours["success"] is False
+    assert ours["env_assertion_fraction"] == 0.0
+
+    solved = HttpEpisode(resources_server_url, "mock", task.id)
+    solved.seed()
+    play_gold(solved, task)
+    assert solved.verify()["reward"] == solved.tau2_reward(task) == 1.0
