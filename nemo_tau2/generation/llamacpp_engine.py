@@ -29,17 +29,41 @@ _WORD_TRIGGER = 1  # llama.cpp common_grammar_trigger_type: WORD
 _END_MARKERS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "</s>")
 
 
+def _inline_local_refs(schema: Any, definitions: dict[str, Any], depth: int = 0) -> Any:
+    """``schema`` with every ``{"$ref": "#/$defs/X"}`` replaced by ``X`` from ``definitions`` (and ``$defs`` dropped).
+
+    A tool's parameters carry their own ``$defs`` (pydantic's nested models: tau2's ``FlightInfo``...). Nested under
+    the grammar's ``anyOf``, ``#/$defs/...`` would point at the grammar's root, where llguidance finds nothing and
+    drops the constraint ("Pointer '/$defs/FlightInfo' does not exist").
+    """
+    if depth > 32:
+        raise ValueError("tool schema: $ref nesting deeper than 32 (a recursive model?)")
+    if isinstance(schema, list):
+        return [_inline_local_refs(item, definitions, depth) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/$defs/"):
+        name = ref.removeprefix("#/$defs/")
+        if name not in definitions:
+            raise ValueError(f"tool schema: $ref {ref!r} has no definition")
+        siblings = {key: value for key, value in schema.items() if key != "$ref"}
+        return _inline_local_refs(definitions[name], definitions, depth + 1) | siblings
+    return {key: _inline_local_refs(value, definitions, depth) for key, value in schema.items() if key != "$defs"}
+
+
 def tool_call_grammar(tools: list[dict[str, Any]]) -> str:
     """An llguidance grammar for one ``<tool_call>`` block whose JSON matches one of ``tools`` (then end of turn)."""
     variants = []
     for tool in tools:
         function = tool.get("function") or {}
+        parameters = function.get("parameters") or {"type": "object"}
         variants.append(
             {
                 "type": "object",
                 "properties": {
                     "name": {"const": function.get("name")},
-                    "arguments": function.get("parameters") or {"type": "object"},
+                    "arguments": _inline_local_refs(parameters, parameters.get("$defs") or {}),
                 },
                 "required": ["name", "arguments"],
                 "additionalProperties": False,

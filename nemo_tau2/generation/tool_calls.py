@@ -26,6 +26,14 @@ def new_tool_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    return True
+
+
 def _parse_block(raw: str) -> dict[str, Any] | None:
     try:
         call = json.loads(raw.strip())
@@ -34,7 +42,10 @@ def _parse_block(raw: str) -> dict[str, Any] | None:
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         return None
     arguments = call.get("arguments", call.get("parameters", {}))
-    arguments_json = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    if isinstance(arguments, str) and _is_json(arguments):
+        arguments_json = arguments  # already encoded, as some models write it
+    else:  # anything else is encoded as vLLM's hermes parser does, so that the arguments are always valid JSON
+        arguments_json = json.dumps(arguments, ensure_ascii=False)
     return {
         "id": new_tool_call_id(),
         "type": "function",

