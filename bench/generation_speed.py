@@ -33,6 +33,7 @@ import aiohttp
 
 import nemo_tau2  # noqa: F401  (offline settings first)
 from nemo_tau2.generation import GenerationConfig, GenerationHandle, start_generation
+from nemo_tau2.generation.tiny_model import SMOLLM2_135M_SHAPE
 
 QWEN3_4B = "Qwen/Qwen3-4B-Instruct-2507"
 QWEN3_4B_SHAPE = {
@@ -50,16 +51,6 @@ QWEN3_4B_SHAPE = {
     "rms_norm_eps": 1e-6,
     "tie_word_embeddings": True,
     "torch_dtype": "bfloat16",
-}
-SMOLLM2_135M_SHAPE = {
-    "hidden_size": 576,
-    "intermediate_size": 1536,
-    "num_hidden_layers": 30,
-    "num_attention_heads": 9,
-    "num_key_value_heads": 3,
-    "vocab_size": 49152,
-    "max_position_embeddings": 8192,
-    "tie_word_embeddings": True,
 }
 STORY = (
     "You are a storyteller. Write a long, detailed story about a customer who calls an airline to change a "

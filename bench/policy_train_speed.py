@@ -30,19 +30,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import nemo_tau2  # noqa: F401  (offline settings first)
 from nemo_tau2.algorithms.loss import ClippedPGLossConfig
 from nemo_tau2.generation import GenerationConfig, start_generation
-from nemo_tau2.generation.tiny_model import build_tiny_model
+from nemo_tau2.generation.tiny_model import SMOLLM2_135M_SHAPE, build_tiny_model
 from nemo_tau2.models.policy import Policy, PolicyConfig, TrainingSequence
 
-SMOLLM2_135M_SHAPE = {
-    "hidden_size": 576,
-    "intermediate_size": 1536,
-    "num_hidden_layers": 30,
-    "num_attention_heads": 9,
-    "num_key_value_heads": 3,
-    "vocab_size": 49152,
-    "max_position_embeddings": 8192,
-    "tie_word_embeddings": True,
-}
 LOSS = ClippedPGLossConfig(reference_policy_kl_penalty=0.0)
 
 

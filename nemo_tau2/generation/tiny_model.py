@@ -16,6 +16,18 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from nemo_tau2.generation.chat_templates import CHATML_TOOLS_TEMPLATE
 
+# SmolLM2-135M-Instruct's Llama shape: benchmarks build random models of it (the cost of the real weights).
+SMOLLM2_135M_SHAPE = {
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "vocab_size": 49152,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": True,
+}
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
 # Like Qwen's: single tokens that decoding keeps (not "special"), so tool calls survive skip_special_tokens.
 TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
