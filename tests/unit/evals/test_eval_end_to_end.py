@@ -23,6 +23,12 @@ EVERY_OTHER_SAMPLE_FAILS = "{tau2: {policy: {variant: wrong_argument, variant_ev
 EXPECTED = {"pass@1": 0.5, "pass@2": 1 - 1 / 6, "pass@4": 1.0, "pass^1": 0.5, "pass^2": 1 / 6, "pass^4": 0.0}
 
 
+def _ctrl_c_reaches_it() -> None:
+    """Start the run as from a terminal: a test runner started in the background by a script inherits SIGINT
+    ignored (POSIX shells do that to background jobs), its children too, and the Ctrl-C below would be lost."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _rows_file(tmp_path: Path) -> Path:
     path = tmp_path / "rows.jsonl"
     path.write_text("".join(json.dumps(task_row(domain, task_id)) + "\n" for domain, task_id in FLAKY_TASKS))
@@ -81,7 +87,9 @@ def test_killing_the_run_halfway_and_rerunning_completes_it_without_repeating_ep
         "eval.bootstrap_samples=0",
         f"policy.generation.fake_cfg={{latency_ms: 150, {EVERY_OTHER_SAMPLE_FAILS[1:-1]}}}",
     ]
-    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=_ctrl_c_reaches_it
+    )
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         rollouts = save / "rollouts.jsonl"
