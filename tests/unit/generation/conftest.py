@@ -3,25 +3,16 @@
 import copy
 
 import pytest
-import torch
 
 from nemo_tau2.generation import GenerationConfig, start_generation
 from nemo_tau2.generation.tiny_model import WEATHER_TOOL, TinyModel, build_tiny_model, teach_reply, tool_call_text
+from tests.torch_threads import _one_torch_thread  # noqa: F401  (autouse)
 
 TOOL_PROMPT = [
     {"role": "system", "content": "You are a helpful customer service agent."},
     {"role": "user", "content": "What is the weather in Paris?"},
 ]
 TOOL_REPLY = tool_call_text("get_weather", {"city": "Paris"})
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _one_torch_thread():
-    # On 2 shared cores, one intra-op thread runs these tiny models several times faster than two contended ones.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="session")

@@ -8,17 +8,9 @@ import torch
 from nemo_tau2.algorithms.loss import ClippedPGLossConfig
 from nemo_tau2.generation.tiny_model import TinyModel, build_tiny_model
 from nemo_tau2.models.policy import Policy, PolicyConfig, TrainingSequence
+from tests.torch_threads import _one_torch_thread  # noqa: F401  (autouse)
 
 NO_KL = ClippedPGLossConfig(reference_policy_kl_penalty=0.0)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _one_torch_thread():
-    # On 2 shared cores, one intra-op thread runs the tiny model faster than two contended ones.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="session")
