@@ -92,6 +92,13 @@ def _examples(row: dict, correct: bool) -> list[tuple[list[dict], str]]:
     return [(opening, call), (after_call, DEFAULT_CLOSING_TEXT)]
 
 
+def _encode(tokenizer, messages: list[dict], tools: list[dict], reply: str) -> tuple[list[int], list[int]]:
+    """Prompt ids (chat template, generation prompt) and reply ids (ending in EOS), as the policy sees a turn."""
+    prompt = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+    prompt_ids = tokenizer(prompt, add_special_tokens=False).input_ids
+    return prompt_ids, tokenizer(reply, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+
+
 def build_tiny_policy(cfg: TinyPolicyConfig, rows: list[dict], output_dir: str | Path) -> Path:
     """Build, warm-start and save the tiny policy (model + tokenizer with its chat template)."""
     tokenizer = build_tiny_tokenizer()
@@ -122,11 +129,7 @@ def build_tiny_policy(cfg: TinyPolicyConfig, rows: list[dict], output_dir: str |
         tools = _chat_tools(row)
         for correct, weight in ((True, cfg.correct_fraction), (False, 1.0 - cfg.correct_fraction)):
             for messages, reply in _examples(row, correct):
-                prompt = tokenizer.apply_chat_template(
-                    messages, tools=tools, add_generation_prompt=True, tokenize=False
-                )
-                prompt_ids = tokenizer(prompt, add_special_tokens=False).input_ids
-                reply_ids = tokenizer(reply, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+                prompt_ids, reply_ids = _encode(tokenizer, messages, tools, reply)
                 if len(prompt_ids) + len(reply_ids) > cfg.max_position_embeddings:
                     raise ValueError(
                         f"tiny_policy: a warm-start prompt of task {row['task_id']} has "
@@ -173,9 +176,7 @@ def first_call_preference(model_dir: str | Path, rows: list[dict]) -> float:
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
 
     def reply_logprob(messages: list[dict], tools: list[dict], reply: str) -> float:
-        prompt = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
-        prompt_ids = tokenizer(prompt, add_special_tokens=False).input_ids
-        reply_ids = tokenizer(reply, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+        prompt_ids, reply_ids = _encode(tokenizer, messages, tools, reply)
         ids = torch.tensor([prompt_ids + reply_ids])
         with torch.no_grad():
             logprobs = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), dim=-1)
