@@ -2,7 +2,7 @@
 
 import json
 
-from nemo_tau2.generation.tool_calls import parse_hermes_tool_calls
+from nemo_tau2.generation.tool_calls import ParsedOutput, parse_hermes_tool_calls
 
 
 def test_text_without_tool_calls_is_content():
@@ -58,3 +58,12 @@ def test_arguments_are_always_valid_json_so_the_next_turn_renders():
     assert json.loads(slip.tool_calls[0]["function"]["arguments"]) == "{task_id: 1"
     encoded = parse_hermes_tool_calls('<tool_call>{"name": "a", "arguments": "{\\"k\\": 1}"}</tool_call>')
     assert json.loads(encoded.tool_calls[0]["function"]["arguments"]) == {"k": 1}
+
+
+def test_non_standard_json_is_not_a_call_and_never_reaches_the_arguments():
+    # Python reads these, llama.cpp's /apply-template refuses them on the next turn (seen with SmolLM2 on mock)
+    for block in ('{"name": "a", "arguments": {"x": NaN}}', '{"name": "a", "arguments": {"x": "\\ud800"}}'):
+        text = f"<tool_call>{block}</tool_call>"
+        assert parse_hermes_tool_calls(text) == ParsedOutput(content=text, tool_calls=[])
+    encoded_nan = parse_hermes_tool_calls('<tool_call>{"name": "a", "arguments": "{\\"x\\": Infinity}"}</tool_call>')
+    assert json.loads(encoded_nan.tool_calls[0]["function"]["arguments"]) == '{"x": Infinity}'
