@@ -27,6 +27,7 @@ import orjson
 from nemo_tau2.experience.contiguity import check_contiguity
 from nemo_tau2.gym.agent.http_client import GymHttpClient, InfrastructureError, JsonResponse, RetryConfig
 from nemo_tau2.gym.agent.tool_calls import ParsedCall, calls_from_text, parse_arguments
+from nemo_tau2.json_arguments import json_arguments
 
 logger = logging.getLogger(__name__)
 
@@ -395,7 +396,7 @@ class EpisodeOrchestrator:
                     "type": "function_call",
                     "call_id": call_id,
                     "name": call.name or "unknown",
-                    "arguments": call.raw_arguments,
+                    "arguments": json_arguments(call.raw_arguments),  # rendered again in the next turn's prompt
                     "status": "completed",
                     "id": f"fc_{call_id}",
                 }

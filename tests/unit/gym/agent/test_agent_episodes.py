@@ -5,6 +5,7 @@ import asyncio
 import pytest
 import requests
 
+from nemo_tau2.json_arguments import loads_standard
 from nemo_tau2.tau2_env import domains
 from nemo_tau2.testing import PolicyScriptConfig, UserScriptConfig
 from nemo_tau2.testing.scripts import Turn, TurnListScript
@@ -86,6 +87,9 @@ def test_malformed_text_tool_calls_are_tool_errors(fresh_stack):
     assert status == 200 and body["termination_reason"] == "too_many_errors"
     outputs = [item["output"] for item in body["response"]["output"] if item.get("type") == "function_call_output"]
     assert outputs[0].startswith("Error: malformed tool call")
+    # the history goes back to the model server every turn, and llama.cpp and vLLM parse each call's arguments again
+    calls = [item for item in body["response"]["output"] if item.get("type") == "function_call"]
+    assert calls and all(loads_standard(call["arguments"]) == '{"name": "get_user_details", "argu' for call in calls)
 
 
 def test_tool_calls_written_as_text_are_executed(fresh_stack):
