@@ -1,7 +1,7 @@
 """The GRPO loop end to end on CPU: real Gym servers, the hf backend, the scripted fake user, a tiny policy.
 
 The policy is the warm-started tiny Llama of :mod:`nemo_tau2.algorithms.tiny_policy`; it picks the right first tool
-call about as often as a wrong one. GRPO must raise its mean reward (validation on 64 episodes) while the same run
+call about as often as a wrong one. GRPO must raise its mean reward (validation on 128 episodes) while the same run
 with the learning rate at zero does not; the log-probability margin of the right call over the wrong one is the exact
 read of the same change.
 """
@@ -79,17 +79,15 @@ def test_grpo_raises_the_mean_reward_and_the_same_run_without_updates_does_not(t
     cfg = _config(tmp_path, tiny_policy)
     train_rows, _ = grpo.load_rows(cfg)
     margin_before = first_call_preference(tiny_policy, train_rows)
-    sixty_four_episodes = "grpo.val_num_generations_per_prompt=32"
-    learned = _train_and_validate(tiny_policy, tmp_path / "learned", sixty_four_episodes)
-    frozen = _train_and_validate(
-        tiny_policy, tmp_path / "frozen", sixty_four_episodes, "policy.optimizer.kwargs.lr=0.0"
-    )
+    episodes = "grpo.val_num_generations_per_prompt=64"  # 2 tasks x 64: a mean's noise is about 0.045
+    learned = _train_and_validate(tiny_policy, tmp_path / "learned", episodes)
+    frozen = _train_and_validate(tiny_policy, tmp_path / "frozen", episodes, "policy.optimizer.kwargs.lr=0.0")
 
-    # measured: 0.50 -> 0.97 mean reward in 8 steps with updates, 0.50 -> 0.53 without; the noise of a 64-episode
-    # mean is about 0.06
-    assert learned["after"] > learned["before"] + 0.25, learned
-    assert learned["after"] > frozen["after"] + 0.25, (learned, frozen)
-    assert frozen["after"] < frozen["before"] + 0.25, frozen
+    # measured: 0.50-0.63 -> 0.83-0.97 mean reward in 8 steps with updates, 0.50 -> 0.53 without (the start varies
+    # from run to run: continuous batching changes the numerics, hence the samples)
+    assert learned["after"] > learned["before"] + 0.15, learned
+    assert learned["after"] > frozen["after"] + 0.15, (learned, frozen)
+    assert frozen["after"] < frozen["before"] + 0.2, frozen
     # the exact read of the same thing: the right call's log-probability margin over the wrong one
     assert abs(margin_before) < 1.0, f"the warm start should leave the two calls near even, margin {margin_before:.2f}"
     assert learned["margin"] > margin_before + 1.5, (margin_before, learned)
