@@ -1,16 +1,19 @@
 """Episode throughput and per-turn orchestration overhead: our agent stack against tau2's own orchestrator.
 
 Both sides play the same episodes (oracle policy + scripted user from the fake model server, which runs in its own
-process and answers after 0 ms or 50 ms): ours through the agent server (policy via NeMo-Gym's vllm_model with
-token ids, user via its own vllm_model, tools and reward on the resources server), tau2's through ``run_task``
-(litellm to the same fake; tau2 runs concurrent episodes on threads, as ``tau2 run --max-concurrency`` does;
-its reward is computed inside ``run_task``, ours in ``/verify``).
+process, answers after 0 ms or 50 ms and, like vLLM >= 0.10.2, returns prompt token ids only when asked): ours
+through the agent server (policy via a Gym model server with token ids, as training runs it; user via its own
+model server; tools and reward on the resources server), once per model server kind (our fast_vllm_model, the
+default, and NeMo-Gym's vllm_model, which NeMo-RL runs); tau2's through ``run_task`` (litellm to the same fake; tau2
+runs concurrent episodes on threads, as ``tau2 run --max-concurrency`` does; its reward is computed inside
+``run_task``, ours in ``/verify``).
 
 Overhead per model call, at concurrency 1: wall = (episode wall time - latency x model calls) / model calls, and
-the CPU time each process spent per model call (``/proc/<pid>/stat``): ours (agent + resources server), NeMo-Gym's
-vllm_model servers (policy + user), and the fake model itself.
+the CPU time each process spent per model call (``/proc/<pid>/stat``): the agent + resources server, the two model
+servers (policy + user), and the fake model itself.
 
     uv run bench/rollout_speed.py [--concurrency 1,16,64,256] [--latencies 0,50] [--tau2-concurrency 1,64]
+        [--model-servers fast_vllm_model,vllm_model]
 """
 
 import argparse
@@ -99,47 +102,58 @@ def run_tau2(fake_url: str, jobs: list[tuple[str, str]], concurrency: int) -> di
     return {"episodes": len(jobs), "wall_s": round(wall, 3), "episodes_per_s": round(len(jobs) / wall, 2)}
 
 
+def run_our_levels(fake, kind: str, levels: list[int], latencies: list[float], episodes_at_1: int) -> dict:
+    """Our stack with ``kind`` model servers at every latency and concurrency level."""
+    specs = tau2_stack(
+        ModelEndpoint([fake.base_url], "fake-policy", server=kind, return_token_ids=True),
+        ModelEndpoint([fake.base_url], "fake-user", server=kind),
+        list(DOMAINS),
+    )
+    results = {}
+    with GymServers(specs) as servers:
+        agent_url = servers.url(AGENT)
+        groups = {
+            "agent+resources": [servers.pid(AGENT), servers.pid(RESOURCES_SERVER)],
+            "model_servers": [servers.pid(POLICY_MODEL), servers.pid(USER_MODEL)],
+            "fake_model": [fake.pid],
+        }
+        asyncio.run(run_ours(agent_url, episode_tasks(6), 6))  # warm-up: imports, caches, connections
+        for latency in latencies:
+            fake.set_latency(latency)
+            for level in levels:
+                jobs = episode_tasks(episodes_at_1 if level == 1 else max(level, 32))
+                before = {name: sum(cpu_seconds(pid) for pid in pids) for name, pids in groups.items()}
+                figures = asyncio.run(run_ours(agent_url, jobs, level))
+                calls = figures["model_calls"]
+                for name, pids in groups.items():
+                    spent = sum(cpu_seconds(pid) for pid in pids) - before[name]
+                    figures[f"cpu_ms_per_model_call/{name}"] = round(spent / calls * 1000, 3)
+                if level == 1:
+                    busy = figures["wall_s"] - latency / 1000 * calls
+                    figures["overhead_wall_ms_per_model_call"] = round(busy / calls * 1000, 3)
+                results[f"{latency:g}ms/c{level}"] = figures
+                print(f"{kind}  latency {latency:>3g} ms  concurrency {level:>3}: {figures}", flush=True)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", default="1,16,64,256")
     parser.add_argument("--latencies", default="0,50", help="fake model latency per call, ms")
     parser.add_argument("--tau2-concurrency", default="1,64")
     parser.add_argument("--episodes-at-1", type=int, default=12)
+    parser.add_argument("--model-servers", default="fast_vllm_model,vllm_model", help="the first one is 'ours'")
     args = parser.parse_args()
     levels = [int(x) for x in args.concurrency.split(",")]
     latencies = [float(x) for x in args.latencies.split(",")]
     tau2_levels = [int(x) for x in args.tau2_concurrency.split(",") if x]
 
-    results: dict = {"ours": {}, "tau2": {}}
-    with start_fake_server(mode="subprocess", preload_domains=list(DOMAINS)) as fake:
-        specs = tau2_stack(
-            ModelEndpoint([fake.base_url], "fake-policy", return_token_ids=True),
-            ModelEndpoint([fake.base_url], "fake-user"),
-            list(DOMAINS),
-        )
-        with GymServers(specs) as servers:
-            agent_url = servers.url(AGENT)
-            groups = {
-                "ours": [servers.pid(AGENT), servers.pid(RESOURCES_SERVER)],
-                "nemo_gym_model_servers": [servers.pid(POLICY_MODEL), servers.pid(USER_MODEL)],
-                "fake_model": [fake.pid],
-            }
-            asyncio.run(run_ours(agent_url, episode_tasks(6), 6))  # warm-up: imports, caches, connections
-            for latency in latencies:
-                fake.set_latency(latency)
-                for level in levels:
-                    jobs = episode_tasks(args.episodes_at_1 if level == 1 else max(level, 32))
-                    before = {name: sum(cpu_seconds(pid) for pid in pids) for name, pids in groups.items()}
-                    figures = asyncio.run(run_ours(agent_url, jobs, level))
-                    calls = figures["model_calls"]
-                    for name, pids in groups.items():
-                        spent = sum(cpu_seconds(pid) for pid in pids) - before[name]
-                        figures[f"cpu_ms_per_model_call/{name}"] = round(spent / calls * 1000, 3)
-                    if level == 1:
-                        busy = figures["wall_s"] - latency / 1000 * calls
-                        figures["overhead_wall_ms_per_model_call"] = round(busy / calls * 1000, 3)
-                    results["ours"][f"{latency:g}ms/c{level}"] = figures
-                    print(f"ours  latency {latency:>3g} ms  concurrency {level:>3}: {figures}", flush=True)
+    kinds = args.model_servers.split(",")
+    results: dict = {kind: {} for kind in kinds} | {"tau2": {}}
+    fake_config = {"preload_domains": list(DOMAINS), "token_ids_in_completions": "when_requested"}
+    with start_fake_server(mode="subprocess", **fake_config) as fake:
+        for kind in kinds:
+            results[kind] = run_our_levels(fake, kind, levels, latencies, args.episodes_at_1)
         for latency in latencies:
             fake.set_latency(latency)
             for level in tau2_levels:
@@ -149,11 +163,15 @@ def main() -> None:
                 print(f"tau2  latency {latency:>3g} ms  concurrency {level:>3}: {figures}", flush=True)
 
     ratios = {
-        key: round(results["ours"][key]["episodes_per_s"] / results["tau2"][key]["episodes_per_s"], 1)
-        for key in results["tau2"]
-        if key in results["ours"]
+        kind: {
+            key: round(results[kind][key]["episodes_per_s"] / results["tau2"][key]["episodes_per_s"], 1)
+            for key in results["tau2"]
+            if key in results[kind]
+        }
+        for kind in kinds
     }
-    print(json.dumps({"benchmark": "rollout_speed", "results": results, "ours_over_tau2_episodes_per_s": ratios}))
+    summary = {"benchmark": "rollout_speed", "ours": kinds[0], "results": results}
+    print(json.dumps(summary | {"over_tau2_episodes_per_s": ratios}))
 
 
 if __name__ == "__main__":

@@ -110,6 +110,7 @@ def setup(cfg: GRPOMasterConfig, train_rows: list[dict], val_rows: list[dict]) -
                 "user_retry": env_cfg.user_retry.model_dump(),
             },
             policy_model_server=env_cfg.policy_model_server,
+            user_model_server=env_cfg.user_model_server,
             return_token_ids=True,
             log_dir=Path(cfg.logger.log_dir) / "server_logs",
             startup_timeout_s=env_cfg.server_startup_timeout_s,

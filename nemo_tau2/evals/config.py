@@ -11,7 +11,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from nemo_tau2.generation.config import GenerationConfig
-from nemo_tau2.gym.agent.http_client import RetryConfig
+from nemo_tau2.gym.http_client import RetryConfig
+from nemo_tau2.gym.stack import ModelServerKind
 from nemo_tau2.tau2_env import DOMAINS
 
 
@@ -81,8 +82,13 @@ class NemoGymEnvConfig(_Strict):
     max_errors: int = Field(default=10, gt=0)
     max_turns: int | None = Field(default=None, gt=0, description="Policy turns before termination.")
     user_empty_retries: int = Field(default=2, ge=0)
-    policy_model_server: Literal["vllm_model", "openai_model"] = Field(
-        default="vllm_model", description="NeMo-Gym model server in front of the policy endpoint."
+    policy_model_server: ModelServerKind = Field(
+        default="fast_vllm_model",
+        description="Gym model server in front of the policy endpoint: fast_vllm_model (ours: vllm_model's "
+        "answers at a fraction of its CPU), NeMo-Gym's vllm_model, or openai_model (no token ids).",
+    )
+    user_model_server: ModelServerKind = Field(
+        default="fast_vllm_model", description="Gym model server in front of the user simulator's endpoint."
     )
     return_token_ids: bool = Field(default=False, description="Per-turn token ids and logprobs (training needs them).")
     policy_retry: RetryConfig = RetryConfig()

@@ -96,6 +96,7 @@ def environment_spec(cfg: EvalMasterConfig, rows: Sequence[dict], log_dir: Path)
         agent_config=agent_config,
         resources_config={"session_idle_timeout_s": env.session_idle_timeout_s},
         policy_model_server=env.policy_model_server,
+        user_model_server=env.user_model_server,
         return_token_ids=env.return_token_ids,
         log_dir=log_dir,
         startup_timeout_s=env.server_startup_timeout_s,

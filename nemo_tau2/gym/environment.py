@@ -16,7 +16,7 @@ from typing import Any
 from nemo_tau2.generation.config import GenerationConfig
 from nemo_tau2.generation.launch import GenerationHandle, start_generation
 from nemo_tau2.gym.launch import GymServers
-from nemo_tau2.gym.stack import AGENT, ModelEndpoint, tau2_stack
+from nemo_tau2.gym.stack import AGENT, ModelEndpoint, ModelServerKind, tau2_stack
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +30,8 @@ class Tau2EnvironmentSpec:
     domains: list[str]
     agent_config: dict[str, Any] = field(default_factory=dict)  # Tau2AgentConfig fields
     resources_config: dict[str, Any] = field(default_factory=dict)  # Tau2ResourcesServerConfig fields
-    policy_model_server: str = "vllm_model"
+    policy_model_server: ModelServerKind = "fast_vllm_model"
+    user_model_server: ModelServerKind = "fast_vllm_model"
     return_token_ids: bool = False
     log_dir: str | Path | None = None
     startup_timeout_s: float = 300.0
@@ -66,7 +67,9 @@ class Tau2Environment:
                     server=self.spec.policy_model_server,
                     return_token_ids=self.spec.return_token_ids,
                 ),
-                ModelEndpoint(self.user.base_urls, self.user.model_name, self.user.api_key),
+                ModelEndpoint(
+                    self.user.base_urls, self.user.model_name, self.user.api_key, server=self.spec.user_model_server
+                ),
                 domains=self.spec.domains,
                 agent_config=self.spec.agent_config,
                 resources_config=self.spec.resources_config,

@@ -1,9 +1,10 @@
 """The four NeMo-Gym servers of a tau2 run, as launcher specs: resources server, agent, policy and user models.
 
-The policy model server is NeMo-Gym's ``vllm_model`` (``return_token_id_information: true`` for training and for
-endpoints that speak the vLLM surface) or ``openai_model`` (any OpenAI-compatible endpoint, no token ids); the user
-simulator gets its own model server of either kind. Instance names follow NeMo-Gym/NeMo-RL conventions
-(``policy_model``), so the same names work in a ``gym env start`` config.
+Each model server is ``fast_vllm_model`` (ours, the default: NeMo-Gym ``vllm_model``'s config and answers at a
+fraction of its CPU per call), NeMo-Gym's own ``vllm_model`` (what NeMo-RL runs), or ``openai_model`` (any
+OpenAI-compatible endpoint, no token ids). ``return_token_id_information: true`` gives training its per-turn token
+ids. Instance names follow NeMo-Gym/NeMo-RL conventions (``policy_model``), so the same names work in a
+``gym env start`` config.
 """
 
 from dataclasses import dataclass, field
@@ -11,6 +12,7 @@ from typing import Any, Literal
 
 from nemo_tau2.gym.launch import ServerSpec
 
+ModelServerKind = Literal["vllm_model", "fast_vllm_model", "openai_model"]
 RESOURCES_SERVER = "tau2_resources_server"
 AGENT = "tau2_agent"
 POLICY_MODEL = "policy_model"
@@ -18,6 +20,7 @@ USER_MODEL = "user_model"
 
 _MODEL_SERVER_CLASSES = {
     "vllm_model": "responses_api_models.vllm_model.app:VLLMModel",
+    "fast_vllm_model": "nemo_tau2.gym.model_server.app:FastVLLMModel",
     "openai_model": "responses_api_models.openai_model.app:SimpleModelServer",
 }
 
@@ -29,13 +32,13 @@ class ModelEndpoint:
     base_urls: list[str]  # each ending in /v1
     model: str
     api_key: str = "EMPTY"
-    server: Literal["vllm_model", "openai_model"] = "vllm_model"
-    return_token_ids: bool = False  # vllm_model only: per-turn token ids and logprobs (training)
+    server: ModelServerKind = "fast_vllm_model"
+    return_token_ids: bool = False  # (fast_)vllm_model only: per-turn token ids and logprobs (training)
     extra: dict[str, Any] = field(default_factory=dict)  # more keys for the model server's config
 
 
 def model_server_spec(name: str, endpoint: ModelEndpoint) -> ServerSpec:
-    if endpoint.server == "vllm_model":
+    if endpoint.server in ("vllm_model", "fast_vllm_model"):
         config = {
             "base_url": endpoint.base_urls,
             "api_key": endpoint.api_key,

@@ -64,10 +64,11 @@ class FakeServerConfig(BaseModel):
     model: str = Field("fake-model", description="the name /v1/models lists")
     max_model_len: int = Field(131072, ge=1, description="longer prompts (+ max_tokens) get vLLM's 400")
     latency_ms: float = Field(0.0, ge=0.0, description="added to every chat completion (asyncio sleep)")
-    token_ids_in_completions: Literal["always", "when_requested"] = Field(
+    token_ids_in_completions: Literal["always", "when_requested", "never"] = Field(
         "always",
-        description="when completions carry prompt_token_ids and choices[0].token_ids: always, or (as vLLM) only "
-        "for requests with return_token_ids=true; the prompt ids are most of a response's bytes",
+        description="when completions carry prompt_token_ids and choices[0].token_ids: always, (as vLLM >= 0.10.2) "
+        "only for requests with return_token_ids=true, or (as older vLLM) never; the prompt ids are most of a "
+        "response's bytes",
     )
     prefix_correction: bool = Field(
         True,

@@ -157,7 +157,8 @@ class FakeEngine:
         choice, generated = _generate(turn, script.token_consistent, max_tokens)
         if body.get("logprobs"):
             choice["logprobs"] = {"content": _logprobs(generated, body)}
-        with_token_ids = self.config.token_ids_in_completions == "always" or body.get("return_token_ids") is True
+        when = self.config.token_ids_in_completions
+        with_token_ids = when == "always" or (when == "when_requested" and body.get("return_token_ids") is True)
         if with_token_ids:
             choice["token_ids"] = generated
         completion = {

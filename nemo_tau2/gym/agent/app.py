@@ -23,10 +23,10 @@ from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from nemo_tau2.gym.agent.http_client import GymHttpClient, RetryConfig
 from nemo_tau2.gym.agent.orchestrator import Endpoints, EpisodeOrchestrator, EpisodeSettings
 from nemo_tau2.gym.config_keys import GymInstanceConfigMixin
 from nemo_tau2.gym.fast_middleware import FastMiddlewareMixin
+from nemo_tau2.gym.http_client import GymHttpClient, RetryConfig
 from nemo_tau2.gym.serving import disable_ray_uv_runtime_env
 from nemo_tau2.gym.task_fields import Tau2TaskFields
 from nemo_tau2.tau2_env import DOMAINS

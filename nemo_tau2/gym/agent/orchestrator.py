@@ -25,8 +25,8 @@ from typing import Any
 import orjson
 
 from nemo_tau2.experience.contiguity import check_contiguity
-from nemo_tau2.gym.agent.http_client import GymHttpClient, InfrastructureError, JsonResponse, RetryConfig
 from nemo_tau2.gym.agent.tool_calls import ParsedCall, calls_from_text, parse_arguments
+from nemo_tau2.gym.http_client import GymHttpClient, InfrastructureError, JsonResponse, RetryConfig
 from nemo_tau2.json_arguments import json_arguments
 
 logger = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""A whole tau2 stack for agent tests: the fake model server (policy and user) behind NeMo-Gym's real vllm_model
+"""A whole tau2 stack for agent tests: the fake model server (policy and user) behind NeMo-Gym's own vllm_model
 servers, the real resources server and the real agent server, all on 127.0.0.1."""
 
 import asyncio
@@ -58,8 +58,9 @@ def stack():
     provider = SwitchableProvider()
     with start_fake_server(providers=[provider]) as fake:
         specs = tau2_stack(
-            ModelEndpoint([fake.base_url], "fake-policy", return_token_ids=True),
-            ModelEndpoint([fake.base_url], "fake-user"),
+            # NeMo-Gym's own vllm_model, as NeMo-RL runs it (tests/unit/gym/model_server hold fast_vllm_model to it)
+            ModelEndpoint([fake.base_url], "fake-policy", server="vllm_model", return_token_ids=True),
+            ModelEndpoint([fake.base_url], "fake-user", server="vllm_model"),
             domains=["airline", "retail", "telecom"],
             agent_config={"policy_retry": FAST_RETRY, "user_retry": FAST_RETRY},
         )
