@@ -28,6 +28,7 @@ import nemo_tau2  # noqa: F401  (offline settings before tau2 loads litellm)
 
 # isort: split
 import aiohttp
+import orjson
 from tau2.run import run_task
 
 from nemo_tau2.gym.launch import GymServers
@@ -38,6 +39,7 @@ from nemo_tau2.testing import start_fake_server, tau2_key
 
 DOMAINS = ("airline", "retail", "telecom")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+JSON = {"Content-Type": "application/json"}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -59,8 +61,9 @@ async def run_ours(agent_url: str, jobs: list[tuple[str, str]], concurrency: int
         async def one(index: int, domain: str, task_id: str) -> dict:
             async with gate:
                 row = task_row(domain, task_id) | {"sample_index": index}
-                async with http.post(f"{agent_url}/run", json=row) as response:
-                    return await response.json()
+                # orjson both ways, as run_async_nemo_gym_rollout does (an answer with token ids is megabytes)
+                async with http.post(f"{agent_url}/run", data=orjson.dumps(row), headers=JSON) as response:
+                    return orjson.loads(await response.read())
 
         started = time.perf_counter()
         results = await asyncio.gather(*(one(i, *job) for i, job in enumerate(jobs)))
@@ -121,7 +124,7 @@ def run_our_levels(fake, kind: str, levels: list[int], latencies: list[float], e
         for latency in latencies:
             fake.set_latency(latency)
             for level in levels:
-                jobs = episode_tasks(episodes_at_1 if level == 1 else max(level, 32))
+                jobs = episode_tasks(episodes_at_1 if level == 1 else max(2 * level, 64))
                 before = {name: sum(cpu_seconds(pid) for pid in pids) for name, pids in groups.items()}
                 figures = asyncio.run(run_ours(agent_url, jobs, level))
                 calls = figures["model_calls"]
@@ -157,7 +160,7 @@ def main() -> None:
         for latency in latencies:
             fake.set_latency(latency)
             for level in tau2_levels:
-                jobs = episode_tasks(args.episodes_at_1 if level == 1 else max(level, 32))
+                jobs = episode_tasks(args.episodes_at_1 if level == 1 else max(2 * level, 64))
                 figures = run_tau2(fake.base_url, jobs, level)
                 results["tau2"][f"{latency:g}ms/c{level}"] = figures
                 print(f"tau2  latency {latency:>3g} ms  concurrency {level:>3}: {figures}", flush=True)

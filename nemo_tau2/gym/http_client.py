@@ -37,9 +37,14 @@ class RetryConfig(BaseModel):
 class JsonResponse:
     status: int
     body: Any  # parsed JSON, or the raw text when the body is not JSON
-    text: str
+    raw: bytes
     headers: dict[str, str]  # names lower-cased
     cookies: dict[str, str]
+
+    @property
+    def text(self) -> str:
+        """The body as text (decoded on demand: a policy turn's answer with token ids is ~100 KB)."""
+        return self.raw.decode(errors="replace")
 
 
 class GymHttpClient:
@@ -91,19 +96,18 @@ class GymHttpClient:
                     timeout=aiohttp.ClientTimeout(total=retry.timeout_s),
                 ) as response:
                     raw = await response.read()
-                    text = raw.decode(errors="replace")
                     returned_cookies = {key: morsel.value for key, morsel in response.cookies.items()}
                     if response.status in retry_statuses:
-                        cause = f"HTTP {response.status}: {text[:300]}"
+                        cause = f"HTTP {response.status}: {raw[:300].decode(errors='replace')}"
                     else:
                         try:
                             body = orjson.loads(raw) if raw else None
                         except orjson.JSONDecodeError:
-                            body = text
+                            body = raw.decode(errors="replace")
                         if not (expect_json and response.ok and not isinstance(body, dict | list)):
                             headers = {key.lower(): value for key, value in response.headers.items()}
-                            return JsonResponse(response.status, body, text, headers, returned_cookies)
-                        cause = f"HTTP {response.status} with a body that is not a JSON object: {text[:200]!r}"
+                            return JsonResponse(response.status, body, raw, headers, returned_cookies)
+                        cause = f"HTTP {response.status} with a body that is not a JSON object: {raw[:200]!r}"
             except TimeoutError:
                 cause = f"no answer within {retry.timeout_s:g} s"
             except aiohttp.ClientError as e:
