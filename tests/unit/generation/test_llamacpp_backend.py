@@ -70,11 +70,13 @@ def test_a_tool_with_nested_models_is_constrained_on_the_server(llamacpp_handle)
     book = _airline_tool("book_reservation")
     messages = [{"role": "user", "content": "Book flight HAT001 on 2024-05-20 for me."}]
     body = {"messages": messages, "tools": [book], "tool_choice": "required", "max_tokens": 24, "temperature": 1.0}
-    status, response = call_json("POST", f"{llamacpp_handle.base_urls[0]}/chat/completions", body)
+    status, response = call_json("POST", f"{llamacpp_handle.base_urls[0]}/chat/completions", body | {"seed": 0})
     assert status == 200, response
     message = response["choices"][0]["message"]
     text = message["content"] or json.dumps(message["tool_calls"])
-    assert text.startswith('<tool_call>\n{"name": "book_reservation", "arguments": {') or message["tool_calls"], text
+    # the grammar allows JSON whitespace anywhere (a CI run sampled pretty-printed JSON): compare without it
+    compact = "".join(text.split())
+    assert compact.startswith('<tool_call>{"name":"book_reservation","arguments":{') or message["tool_calls"], text
 
 
 def test_a_missing_gguf_file_is_one_clear_sentence(tmp_path):
