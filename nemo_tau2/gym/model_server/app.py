@@ -127,9 +127,8 @@ class FastVLLMModel(FastMiddlewareMixin, SimpleResponsesAPIModel):
     async def _chat_completion(self, body: dict, base_url: str) -> dict:
         if not isinstance(body.get("messages"), list):
             raise BadRequest("messages must be a list")
-        if body.get("stream"):
-            raise BadRequest("stream: true is not supported (this server answers whole completions)")
-        completion, token_fields = await self._complete(server_settings_applied(self.config, dict(body)), base_url)
+        conversion.refuse_streaming(body)
+        completion, token_fields = await self._complete(server_settings_applied(self.config, body), base_url)
         completion["choices"][0]["message"].update(token_fields or {})
         return completion
 
@@ -209,8 +208,9 @@ def server_settings_applied(config: VLLMModelConfig, request: dict) -> dict:
                 message["role"] = "system"
     request["model"] = config.model
     metadata = request.get("metadata") or {}
-    if conversion.audio_keys(metadata):
-        raise BadRequest(f"metadata {conversion.audio_keys(metadata)}: audio is not supported by fast_vllm_model")
+    audio = conversion.audio_keys(metadata)
+    if audio:
+        raise BadRequest(f"metadata {audio}: audio is not supported by fast_vllm_model")
     template_kwargs = dict(config.chat_template_kwargs or {}) | _json_metadata(metadata, "chat_template_kwargs")
     if template_kwargs:
         request["chat_template_kwargs"] = template_kwargs

@@ -152,8 +152,7 @@ def chat_request(body: dict, with_token_ids: bool) -> dict:
     unknown = sorted(set(body) - RESPONSES_KEYS)
     if unknown:
         raise BadRequest(f"unknown Responses API parameter(s) {unknown}")
-    if body.get("stream"):
-        raise BadRequest("stream: true is not supported (this server answers whole responses)")
+    refuse_streaming(body)
     items = body.get("input", [])
     if isinstance(items, str):
         items = [{"content": [{"text": items, "type": "input_text"}], "role": "user", "type": "message"}]
@@ -166,6 +165,11 @@ def chat_request(body: dict, with_token_ids: bool) -> dict:
     if body.get("tools"):
         request["tools"] = chat_tools(body["tools"])
     return request
+
+
+def refuse_streaming(body: dict) -> None:
+    if body.get("stream"):
+        raise BadRequest("stream: true is not supported (answers are whole, not streamed)")
 
 
 def audio_keys(metadata: dict | None) -> list[str]:

@@ -3,6 +3,7 @@ through NeMo-Gym's vllm_model, and failures are named (400 for the request, 502 
 
 import asyncio
 import re
+from contextlib import ExitStack
 
 import aiohttp
 import pytest
@@ -67,20 +68,16 @@ def test_test_split_episodes_match_nemo_gyms_vllm_model_item_for_item():
 @pytest.fixture
 def fast_server():
     """Start a fast_vllm_model in front of the given base URLs; yields a function returning its URL."""
-    with_servers = []
+    with ExitStack() as started:
 
-    def start(base_urls: list[str], return_token_ids: bool = True) -> str:
-        spec = model_server_spec(
-            POLICY_MODEL,
-            ModelEndpoint(base_urls, "fake-policy", server="fast_vllm_model", return_token_ids=return_token_ids),
-        )
-        servers = GymServers([spec]).__enter__()
-        with_servers.append(servers)
-        return servers.url(POLICY_MODEL)
+        def start(base_urls: list[str], return_token_ids: bool = True) -> str:
+            endpoint = ModelEndpoint(
+                base_urls, "fake-policy", server="fast_vllm_model", return_token_ids=return_token_ids
+            )
+            servers = started.enter_context(GymServers([model_server_spec(POLICY_MODEL, endpoint)]))
+            return servers.url(POLICY_MODEL)
 
-    yield start
-    for servers in with_servers:
-        servers.__exit__(None, None, None)
+        yield start
 
 
 def _policy_request(task: str = "0", conversation: str = "e1") -> dict:
