@@ -55,7 +55,7 @@ def _gguf_tokenizer(gguf_path: Path):
     bpe.add_special_tokens(
         [
             AddedToken(token, special=True, normalized=False)
-            for token, kind in zip(tokens, token_types)
+            for token, kind in zip(tokens, token_types, strict=True)
             if kind == control
         ]
     )
