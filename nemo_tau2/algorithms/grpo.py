@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from nemo_tau2.algorithms.advantages import compute_advantages
+from nemo_tau2.algorithms.agreement import generation_agreement
 from nemo_tau2.algorithms.curriculum import TaskCurriculum
 from nemo_tau2.algorithms.grpo_config import GRPOMasterConfig
 from nemo_tau2.algorithms.reward_shaping import shape_reward
@@ -220,13 +221,16 @@ def training_sequences(s: GRPOSetup, groups: list[EpisodeGroup]) -> tuple[list[T
 
 
 def train(s: GRPOSetup, sequences: list[TrainingSequence]) -> dict[str, float]:
-    """Attach the trainer's (and reference) logprobs, then one update on exactly the sampled tokens."""
+    """Attach the trainer's (and reference) logprobs, check them against the generator's (the last weight sync
+    must be what generated these tokens), then one update on exactly the sampled tokens."""
     for sequence, logprobs in zip(sequences, s.policy.get_logprobs(sequences), strict=True):
         sequence.prev_logprobs = logprobs
+    agreement = {f"generation_agreement/{key}": value for key, value in generation_agreement(sequences).items()}
     if s.policy.has_reference_model:
         for sequence, logprobs in zip(sequences, s.policy.get_reference_policy_logprobs(sequences), strict=True):
             sequence.reference_logprobs = logprobs
-    return {f"train/{key}": value for key, value in s.policy.train(sequences, s.cfg.loss_fn).items()}
+    metrics = agreement | s.policy.train(sequences, s.cfg.loss_fn)
+    return {f"train/{key}": value for key, value in metrics.items()}
 
 
 def sync_weights(s: GRPOSetup) -> None:

