@@ -16,10 +16,10 @@ ROOT = Path(__file__).parents[3]
 
 
 def test_the_vllm_grpo_smoke_syncs_weights_every_step_and_vllm_serves_exactly_them(tmp_path):
-    python = vllm_python()
+    vllm_python()  # the run finds it through $NEMO_TAU2_VLLM_PYTHON, as a user's run does
     command = [
         sys.executable, "examples/run_grpo.py", "--config", "examples/configs/grpo_tau2_vllm_cpu_smoke.yaml",
-        f"policy.model_name={tmp_path / 'tiny_policy'}", f"policy.generation.vllm_cfg.python={python}",
+        f"policy.model_name={tmp_path / 'tiny_policy'}",
         f"checkpointing.checkpoint_dir={tmp_path / 'checkpoints'}", f"logger.log_dir={tmp_path / 'logs'}",
         "logger.tensorboard_enabled=false", "grpo.max_num_steps=3",
     ]  # fmt: skip
