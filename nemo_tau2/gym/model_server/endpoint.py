@@ -22,10 +22,18 @@ class EndpointError(RuntimeError):
 class ChatEndpoint:
     """Calls the endpoints of one ``vllm_model`` config (``base_url`` is chosen per call by the caller)."""
 
-    def __init__(self, config: VLLMModelConfig, http: GymHttpClient, retry: RetryConfig):
+    def __init__(
+        self,
+        config: VLLMModelConfig,
+        http: GymHttpClient,
+        retry: RetryConfig,
+        retry_statuses: frozenset[int] = frozenset(),
+    ):
+        """``retry_statuses``: endpoint statuses retried here (none in the model server, whose caller retries)."""
         self.config = config
         self.http = http
         self.retry = retry
+        self.retry_statuses = retry_statuses
         self.headers = {"Authorization": f"Bearer {config.api_key}", **config.default_headers}
 
     # ------------------------------------------------------------------ Responses API
@@ -62,7 +70,7 @@ class ChatEndpoint:
             self.retry,
             headers=self.headers,
             what="chat completion",
-            retry_statuses=frozenset(),
+            retry_statuses=self.retry_statuses,
         )
         if response.status == 400 and ("context length" in response.text or "max_tokens" in response.text):
             return {"choices": [{"index": 0, "finish_reason": "length", "message": {"role": "assistant"}}]}, None
@@ -113,7 +121,12 @@ class ChatEndpoint:
         body = {key: request[key] for key in ("model", "messages", "tools", "chat_template_kwargs") if key in request}
         root = base_url.removesuffix("/").removesuffix("/v1")
         response = await self.http.post(
-            f"{root}/tokenize", body, self.retry, headers=self.headers, what="tokenize", retry_statuses=frozenset()
+            f"{root}/tokenize",
+            body,
+            self.retry,
+            headers=self.headers,
+            what="tokenize",
+            retry_statuses=self.retry_statuses,
         )
         if response.status != 200 or not isinstance(response.body, dict) or "tokens" not in response.body:
             raise EndpointError(f"/tokenize answered HTTP {response.status}: {response.text[:300]}")
