@@ -35,7 +35,7 @@ from nemo_tau2.gym.agent.conversation import (
 )
 from nemo_tau2.gym.agent.resources_client import HttpTau2Session
 from nemo_tau2.gym.agent.user_simulator import UserSimulator
-from nemo_tau2.gym.http_client import GymHttpClient, InfrastructureError
+from nemo_tau2.gym.http_client import GymHttpClient, InfrastructureError, RetryConfig
 from nemo_tau2.tau2_env import domains
 from nemo_tau2.tau2_env.gym_rows import task_row
 
@@ -53,7 +53,9 @@ class AsyncTau2Env:
         task_ids: these tasks.
         user: the eval/GRPO ``user`` block (``generation``, ``seed``, ``strategy``, ``max_checks``) or only its
             ``generation`` block: a :class:`GenerationConfig`, a :class:`UserSimulatorConfig` or their dicts.
-        max_steps, max_errors, max_turns: tau2's limits; None keeps the agent server's defaults.
+        max_steps, max_errors, max_turns: tau2's limits; None keeps the agent server's default (as for the next).
+        user_empty_retries, user_retry, resources_retry: retries of an empty user message, of user-model calls
+            (timeouts, connection errors, 429/5xx) and of resources-server calls (``gym_servers``).
         seed: seeds the task chosen by ``reset()`` when it is given none.
         respond_user: the policy talks to the user through a ``respond_user(text)`` tool call.
         user_endpoint: an endpoint already serving ``user.generation`` (shared by many environments); None starts
@@ -73,13 +75,23 @@ class AsyncTau2Env:
         max_steps: int | None = None,
         max_errors: int | None = None,
         max_turns: int | None = None,
+        user_empty_retries: int | None = None,
+        user_retry: RetryConfig | dict | None = None,
+        resources_retry: RetryConfig | dict | None = None,
         seed: int | None = None,
         respond_user: bool = False,
         user_endpoint: GenerationHandle | None = None,
         gym_servers: GymServerUrls | None = None,
         http: GymHttpClient | None = None,
     ):
-        given = {"max_steps": max_steps, "max_errors": max_errors, "max_turns": max_turns}
+        given = {
+            "max_steps": max_steps,
+            "max_errors": max_errors,
+            "max_turns": max_turns,
+            "user_empty_retries": user_empty_retries,
+            "user_retry": user_retry,
+            "resources_retry": resources_retry,
+        }
         self.config = Tau2EnvConfig.model_validate(
             {"domain": domain, "split": split, "task_ids": task_ids, "user": user, "seed": seed}
             | {"respond_user": respond_user}

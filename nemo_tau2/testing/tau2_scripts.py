@@ -133,11 +133,11 @@ class UserScriptConfig(BaseModel):
     max_unrecognised: int = Field(
         1, ge=0, description="agent messages answered with 'I don't understand' before the user ends the conversation"
     )
-    strategy_format: Literal["follow", "ignore"] = Field(
-        "follow",
-        description="user strategies (nemo_tau2.gym.agent.user_strategies): follow writes react's thought and "
-        "message, a yes/no verdict for checks and a rewritten message for reflections; ignore answers all three "
-        "without their format (a user model that cannot follow it)",
+    unformatted: tuple[Literal["react", "check", "reflection"], ...] = Field(
+        (),
+        description="user-strategy outputs written without their format (a user model that cannot follow it): "
+        "react (the message without thought and label), check (no yes/no verdict), reflection (no rewritten "
+        "message); the others follow nemo_tau2.gym.agent.user_strategies' formats",
     )
     failed_checks: int = Field(0, ge=0, description="checks answered 'no' in each episode (its first ones)")
 
@@ -300,7 +300,7 @@ class ScriptedUser:
         system = _text(request.messages[0]) if request.messages and request.messages[0].get("role") == "system" else ""
         if turn.tool_calls or strategies.REACT_INSTRUCTIONS not in system:
             return turn
-        if self.config.strategy_format == "ignore":
+        if "react" in self.config.unformatted:
             return turn
         thought = "The agent is waiting for my answer; I follow my instructions."
         return Turn.say(f"{strategies.THOUGHT_LABEL}\n{thought}\n{strategies.MESSAGE_LABEL}\n{turn.text}")
@@ -359,13 +359,12 @@ class ScriptedReviewer:
 
     def respond(self, request: ScriptRequest) -> Turn:
         prompt = _text(request.messages[-1]) if request.messages else ""
-        follow = self.config.strategy_format == "follow"
         if self.role == "user_check":
             self.checks += 1
-            if not follow:
+            if "check" in self.config.unformatted:
                 return Turn.say("It reads well to me.")
             return Turn.say("no" if self.checks <= self.config.failed_checks else "yes")
-        if not follow:
+        if "reflection" in self.config.unformatted:
             return Turn.say("The customer should be clearer.")
         candidate = strategies.quoted_candidate(prompt) or "Could you say that again?"
         reflection = "The message could be clearer."
