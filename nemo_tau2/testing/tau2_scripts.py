@@ -1,7 +1,8 @@
 """Scripts for tau2 episodes: an oracle policy that plays a task's gold actions and a scripted user.
 
-Keys have the form ``tau2|<domain>|<task_id>|<episode_id>|<role>`` (:func:`tau2_key`), role ``policy`` or ``user``;
-task ids may contain ``|`` (telecom's do), so the key is split two fields from the left and two from the right.
+Keys have the form ``tau2|<domain>|<task_id>|<episode_id>|<role>`` (:func:`tau2_key`), role ``policy``, ``user``,
+``user_check`` or ``user_reflect``; task ids may contain ``|`` (telecom's do), so the key is split two fields from
+the left and two from the right.
 
 - **Oracle policy**: per gold action in order, an assistant action becomes a tool call turn and a user action a
   text turn asking for it with a machine-readable marker (:func:`device_action_request`); then a closing text with
@@ -9,6 +10,8 @@ task ids may contain ``|`` (telecom's do), so the key is split two fields from t
 - **Scripted user**: states the request from the scenario, performs a marked device action as a tool call, says
   "Done." after the tool result, and ends (``###STOP###`` by default) when the agent closes or after an
   unrecognised request.
+- **User strategies**: react-formatted messages when the user's system prompt asks for them, ``user_check`` and
+  ``user_reflect`` calls answered in their formats (:class:`UserScriptConfig` ``failed_checks``, ``unformatted``).
 - **Variants** (:class:`PolicyScriptConfig`): ``do_nothing`` closes at once, ``wrong_argument`` corrupts one
   argument of the first write action, ``transfer`` transfers to a human agent (the user answers ``###TRANSFER###``).
   ``variant_every = n`` plays the variant only for samples whose index ``i`` has ``i % n == n - 1`` (``n = 2``:
