@@ -71,7 +71,8 @@ async def _agent_runs(url: str, domain: str, task_ids: list[str]) -> dict[str, d
 @pytest.mark.parametrize("domain", DOMAINS)
 @pytest.mark.parametrize("variant", ["oracle", "wrong_argument"])
 async def test_async_env_scores_as_the_agent_server_task_for_task(fake, agent_stack, domain, variant):
-    task_ids = _wrong_argument_tasks(domain)
+    every = [task.id for task in domains.get_tasks(domain, "base")]
+    task_ids = every if variant == "oracle" else _wrong_argument_tasks(domain)
     fake.server.set_tau2_scripts(policy=PolicyScriptConfig(variant=variant))
     reference = await _agent_runs(agent_stack.url(AGENT), domain, task_ids)
     env_results = {}
