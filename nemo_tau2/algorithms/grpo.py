@@ -102,11 +102,8 @@ def setup(cfg: GRPOMasterConfig, train_rows: list[dict], val_rows: list[dict]) -
                 "max_turns": env_cfg.max_turns,
                 "user_empty_retries": env_cfg.user_empty_retries,
                 "user_seed": cfg.user.seed,
-                "user_responses_create_params": {
-                    "temperature": cfg.user.generation.temperature,
-                    "top_p": cfg.user.generation.top_p,
-                    "max_output_tokens": cfg.user.generation.max_new_tokens,
-                },
+                "user_strategy": cfg.user.strategy_config().model_dump(exclude_unset=True),
+                "user_responses_create_params": cfg.user.responses_params(),
                 "policy_retry": env_cfg.policy_retry.model_dump(),
                 "user_retry": env_cfg.user_retry.model_dump(),
             },
