@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from nemo_tau2.algorithms import training_setup
 from nemo_tau2.algorithms.advantages import compute_advantages
 from nemo_tau2.algorithms.agreement import generation_agreement
 from nemo_tau2.algorithms.curriculum import TaskCurriculum
@@ -32,18 +33,18 @@ from nemo_tau2.algorithms.grpo_config import GRPOMasterConfig
 from nemo_tau2.algorithms.loss import ClippedPGLossFn
 from nemo_tau2.algorithms.reward_shaping import shape_reward
 from nemo_tau2.algorithms.sampling import DynamicSampler, EpisodeGroup, ScoredEpisode, flatten_groups
-from nemo_tau2.evals.metrics import EpisodeRecord, compute_eval_metrics
-from nemo_tau2.experience.rollouts import (
-    RolloutResult,
-    SamplingParams,
-    rollout_metrics,
-    run_nemo_gym_rollout_sync,
+from nemo_tau2.algorithms.training_setup import (  # noqa: F401  (resumable_checkpoint: part of this module's API)
+    resumable_checkpoint,
+    sampling_params,
+    start_rollout_stack,
+    sync_policy_weights,
+    task_rows,
+    validation_metrics,
 )
-from nemo_tau2.generation.launch import GenerationHandle, start_generation
-from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec
-from nemo_tau2.models.memory_plan import MemoryPlan, make_plan
-from nemo_tau2.models.model_shape import find_model_config, model_shape
-from nemo_tau2.models.policy import checkpoint as ckpt
+from nemo_tau2.experience.rollouts import RolloutResult, rollout_metrics, run_nemo_gym_rollout_sync
+from nemo_tau2.generation.launch import GenerationHandle
+from nemo_tau2.gym.environment import Tau2Environment
+from nemo_tau2.models.memory_plan import MemoryPlan
 from nemo_tau2.models.policy.checkpoint import prune_checkpoints, step_dir
 from nemo_tau2.models.policy.data import TrainingSequence, sequence_from_message_log
 from nemo_tau2.models.policy.lm_policy import Policy
@@ -86,38 +87,8 @@ def _timed(timings: dict[str, float], name: str) -> Iterator[None]:
 
 
 def plan_memory(cfg: GRPOMasterConfig) -> MemoryPlan:
-    """The run's memory plan (see ``models.memory_plan``), from the model's config.json only: nothing starts.
-
-    A tiny policy that is built on first use has the tiny Llama's architecture until it exists.
-    """
-    name = cfg.policy.model_name
-    if cfg.tiny_policy is not None and not Path(name).exists():
-        from nemo_tau2.algorithms.tiny_policy import tiny_policy_architecture
-
-        architecture, source = tiny_policy_architecture(cfg.tiny_policy), "tiny_policy (built on first run)"
-    else:
-        architecture, source = find_model_config(name)
-    shape = model_shape(architecture, name, source)
-    return make_plan(cfg.policy, cfg.cluster, reference=cfg.loss_fn.reference_policy_kl_penalty > 0, shape=shape)
-
-
-def resumable_checkpoint(checkpoint_dir: str | Path) -> Path | None:
-    """The newest checkpoint that is whole: every part present and a trainer state that parses with its step.
-
-    Checkpoints are renamed into place only once complete, but a copy, a sync or a crash of the filesystem can
-    still leave a ``step_<N>`` folder with a part missing or cut short; resuming from it would fail or, worse,
-    resume from garbage. Such folders are skipped with a warning naming what is wrong, and never deleted.
-    """
-    for step, path in reversed(ckpt.list_checkpoints(checkpoint_dir)):
-        try:
-            ckpt.check_checkpoint_dir(path)
-            if int(ckpt.read_trainer_state(path)["step"]) != step:
-                raise ValueError(f"its trainer state is for another step than {step}")
-        except (OSError, ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
-            logger.warning("not resuming from %s, it is incomplete: %s", path, e)
-            continue
-        return path
-    return None
+    """The run's memory plan (see ``training_setup.plan_memory``): nothing starts."""
+    return training_setup.plan_memory(cfg, reference=cfg.loss_fn.reference_policy_kl_penalty > 0)
 
 
 def setup(cfg: GRPOMasterConfig, train_rows: list[dict], val_rows: list[dict]) -> GRPOSetup:
@@ -129,30 +100,9 @@ def setup(cfg: GRPOMasterConfig, train_rows: list[dict], val_rows: list[dict]) -
             cfg.policy, init_reference_model=cfg.loss_fn.reference_policy_kl_penalty > 0, seed=cfg.grpo.seed
         )
         resources.callback(policy.shutdown)
-        generation = resources.enter_context(start_generation(cfg.policy.generation))
-        env_cfg = cfg.env.nemo_gym
-        spec = Tau2EnvironmentSpec(
-            policy=generation,
-            user=cfg.user.generation,
-            domains=sorted({str(row["domain"]) for row in train_rows + val_rows}),
-            agent_config={
-                "max_steps": env_cfg.max_steps,
-                "max_errors": env_cfg.max_errors,
-                "max_turns": env_cfg.max_turns,
-                "user_empty_retries": env_cfg.user_empty_retries,
-                "user_seed": cfg.user.seed,
-                "user_strategy": cfg.user.strategy_config().model_dump(exclude_unset=True),
-                "user_responses_create_params": cfg.user.responses_params(),
-                "policy_retry": env_cfg.policy_retry.model_dump(),
-                "user_retry": env_cfg.user_retry.model_dump(),
-            },
-            policy_model_server=env_cfg.policy_model_server,
-            user_model_server=env_cfg.user_model_server,
-            return_token_ids=True,
-            log_dir=Path(cfg.logger.log_dir) / "server_logs",
-            startup_timeout_s=env_cfg.server_startup_timeout_s,
+        generation, environment = start_rollout_stack(
+            cfg, [str(row["domain"]) for row in train_rows + val_rows], resources
         )
-        environment = resources.enter_context(Tau2Environment(spec))
         curriculum = TaskCurriculum([_task_key(row) for row in train_rows], cfg.grpo.curriculum, cfg.grpo.seed)
         metrics_logger = resources.enter_context(MetricsLogger(cfg.logger))
         start_step = 0
@@ -189,7 +139,7 @@ def generate(s: GRPOSetup, step: int) -> tuple[list[EpisodeGroup], list[RolloutR
     """Roll out prompt groups (several generation batches with dynamic sampling) and score each episode."""
     grpo, generation = s.cfg.grpo, s.cfg.policy.generation
     n = grpo.num_generations_per_prompt
-    sampling = SamplingParams(generation.temperature, generation.top_p, generation.max_new_tokens)
+    sampling = sampling_params(generation)
     sampler = DynamicSampler(grpo.sampling_config(), target_num_groups=grpo.num_prompts_per_step)
     all_results: list[RolloutResult] = []
     batch = 0
@@ -270,34 +220,18 @@ def train(s: GRPOSetup, sequences: list[TrainingSequence]) -> dict[str, float]:
 
 
 def sync_weights(s: GRPOSetup) -> None:
-    """Load the trainer's weights into the generation backend in place (no restart).
-
-    Both ways take the same gathered stream of full tensors: copied straight into the in-process engine, or
-    written as safetensors files a server reloads (vLLM, hf subprocess)."""
-    if s.generation.engine is not None:  # hf in this process: copy tensors as they are gathered
-        s.generation.update_weights(s.policy.stream_weights_for_generation())
-    else:  # a generation server in another process (vLLM, hf subprocess): through a checkpoint directory
-        directory = Path(s.cfg.checkpointing.checkpoint_dir) / "weights_for_generation"
-        s.generation.update_weights(checkpoint_dir=str(s.policy.save_hf_model(directory)))
+    """Load the trainer's weights into the generation backend in place (no restart)."""
+    sync_policy_weights(s.policy, s.generation, s.cfg.checkpointing.checkpoint_dir)
 
 
 def validate(s: GRPOSetup) -> dict[str, float]:
     """The evaluator's metrics (pass@k, pass^k, mean reward per domain) on the validation rows."""
-    grpo, generation = s.cfg.grpo, s.cfg.policy.generation
-    n = grpo.val_num_generations_per_prompt
-    rows = [row | {"sample_index": k} for row in s.val_rows[: grpo.max_val_samples] for k in range(n)]
-    sampling = SamplingParams(generation.temperature, generation.top_p, generation.max_new_tokens)
-    results = run_nemo_gym_rollout_sync(
-        rows, s.environment.agent_urls, sampling, 1, max_concurrency=grpo.max_rollout_concurrency
-    )
-    records = [
-        EpisodeRecord(
-            r.domain, r.task_id, r.success, r.reward, r.status, r.termination_reason, r.num_turns, r.total_tokens
-        )
-        for r in results
-    ]
-    metrics = compute_eval_metrics(records, ks=sorted({1, n}), num_bootstrap=0, seed=grpo.seed)
-    return {"val/" + key.removeprefix("eval/"): value for key, value in metrics.items()}
+    grpo = s.cfg.grpo
+    return validation_metrics(
+        s.environment, s.val_rows[: grpo.max_val_samples], s.cfg.policy.generation,
+        num_generations=grpo.val_num_generations_per_prompt, max_concurrency=grpo.max_rollout_concurrency,
+        seed=grpo.seed,
+    )  # fmt: skip
 
 
 def save_checkpoint(s: GRPOSetup, step: int) -> Path:
@@ -358,30 +292,9 @@ def _per_domain_success(results: list[RolloutResult]) -> dict[str, Any]:
 
 def load_rows(cfg: GRPOMasterConfig) -> tuple[list[dict], list[dict]]:
     """Training and validation rows: from JSONL files, or the configured splits of ``data.domains``."""
-    import json
-
-    from nemo_tau2.algorithms.tiny_policy import compact_rows
-    from nemo_tau2.tau2_env import domains
-    from nemo_tau2.tau2_env.gym_rows import task_row
-
     data = cfg.data
-
-    def from_split(split: str | None, path: str | None) -> list[dict]:
-        if path:
-            return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-        if split is None:
-            return []
-        rows = []
-        for domain in data.domains or []:
-            ids = [
-                task.id
-                for task in domains.get_tasks(domain, split)
-                if data.task_ids is None or task.id in data.task_ids
-            ]
-            rows += compact_rows(domain, ids) if data.compact_rows else [task_row(domain, i, split=split) for i in ids]
-        return rows
-
-    train_rows = from_split(data.train_split, data.train_data_path)
+    common = {"task_ids": data.task_ids, "compact": data.compact_rows}
+    train_rows = task_rows(data.domains, data.train_split, path=data.train_data_path, **common)
     if not train_rows:
         raise ValueError("the GRPO config selects no training rows (data.domains, data.train_split, data.task_ids)")
-    return train_rows, from_split(data.val_split, data.val_data_path)
+    return train_rows, task_rows(data.domains, data.val_split, path=data.val_data_path, **common)
