@@ -34,7 +34,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--rollouts", type=Path, help="rollouts.jsonl (or its folder) of run_eval.py / GRPO")
     source.add_argument("--conversations", type=Path, help="JSONL of OpenAI conversations: messages + tools")
-    parser.add_argument("--tokenizer", help="model name or folder whose chat template tokenizes --conversations")
+    parser.add_argument(
+        "--tokenizer",
+        help="model name or folder whose chat template tokenizes --conversations; 'tiny': the tiny test policy's",
+    )
     parser.add_argument("--output", type=Path, required=True, help="SFT rows JSONL to write")
     parser.add_argument("--min-reward", type=float, default=None, help="keep episodes with reward >= this (1.0: RFT)")
     parser.add_argument("--max-per-task", type=int, default=None, help="keep at most this many episodes per task")
@@ -74,7 +77,12 @@ def read_conversations(path: Path, tokenizer_name: str, report: ConversionReport
     if not path.is_file():
         raise SFTDataError(f"{path}: no such file")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_name)
+        if tokenizer_name == "tiny":  # deterministic: the same as every tiny policy's saved tokenizer
+            from nemo_tau2.generation.tiny_model import build_tiny_tokenizer
+
+            tokenizer = build_tiny_tokenizer()
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer_name)
     except (OSError, ValueError) as e:
         raise SFTDataError(f"--tokenizer {tokenizer_name}: cannot load it ({str(e).splitlines()[0]})") from None
     rows = []
