@@ -77,9 +77,22 @@ def _rft_config(tmp: Path, model: Path, *overrides: str) -> RFTMasterConfig:
     return validate_config(raw, RFTMasterConfig)
 
 
-def test_nll_reads_only_the_assistant_tokens_nan_elsewhere_changes_nothing(start, oracle_rows):
-    rows = [json.loads(line) for line in oracle_rows.read_text().splitlines()]
-    cfg = _sft_config(Path("/unused"), start, oracle_rows)
+def _tool_conversation(user_id: str) -> dict:
+    call = {"id": "c1", "type": "function", "function": {"name": "get_user", "arguments": json.dumps({"id": user_id})}}
+    messages = [
+        {"role": "system", "content": "You are an agent."},
+        {"role": "user", "content": f"Look me up, I am {user_id}."},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": '{"name": "Ann"}'},
+        {"role": "assistant", "content": "Found you, Ann. Anything else?"},
+    ]
+    return {"messages": messages, "tools": [{"type": "function", "function": {"name": "get_user", "parameters": {}}}]}
+
+
+def test_nll_reads_only_the_assistant_tokens_nan_elsewhere_changes_nothing(start):
+    tokenizer = AutoTokenizer.from_pretrained(start)
+    rows = [row_from_conversation(_tool_conversation(user_id), tokenizer) for user_id in ("u1", "u22", "u333")]
+    cfg = _sft_config(Path("/unused"), start, Path("/unused/rows.jsonl"))
     clean = [training_sequence(row, cfg.policy.max_total_sequence_length) for row in rows]
     for seq in clean:
         assert any(seq.token_mask) and not all(seq.token_mask[1:])  # both kinds of tokens are there
@@ -163,3 +176,18 @@ def test_a_round_without_success_is_reported_and_trains_nothing(start, tmp_path,
     assert history[0]["rft/num_kept"] == 0 and "train/loss" not in history[0]
     assert "no episode" in caplog.text and "nothing to fine-tune" in caplog.text
     assert all(torch.equal(weights_before[name], weights_after[name]) for name in weights_before)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (EXAMPLES / "configs").glob("[sr]ft_*.yaml")))
+def test_shipped_sft_and_rft_configs_validate(name):
+    schema = SFTMasterConfig if name.startswith("sft_") else RFTMasterConfig
+    cfg = validate_config(load_config(EXAMPLES / "configs" / name), schema)
+    assert cfg.policy.model_name
+
+
+def test_rft_refuses_to_train_on_the_test_split_unless_allowed():
+    raw = apply_overrides(load_config(RFT_SMOKE), ["data.domains=[airline]", "data.train_split=test"])
+    with pytest.raises(Exception, match="leaks the test set"):
+        validate_config(raw, RFTMasterConfig)
+    allowed = apply_overrides(raw, ["rft.allow_test_split=true"])
+    assert validate_config(allowed, RFTMasterConfig).rft.allow_test_split
