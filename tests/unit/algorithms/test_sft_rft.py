@@ -189,5 +189,5 @@ def test_rft_refuses_to_train_on_the_test_split_unless_allowed():
     raw = apply_overrides(load_config(RFT_SMOKE), ["data.domains=[airline]", "data.train_split=test"])
     with pytest.raises(Exception, match="leaks the test set"):
         validate_config(raw, RFTMasterConfig)
-    allowed = apply_overrides(raw, ["rft.allow_test_split=true"])
+    allowed = apply_overrides(raw, ["+rft.allow_test_split=true"])
     assert validate_config(allowed, RFTMasterConfig).rft.allow_test_split
