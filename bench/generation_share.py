@@ -26,6 +26,7 @@ from nemo_tau2.experience.rollouts import SamplingParams, run_nemo_gym_rollout_s
 from nemo_tau2.generation import GenerationConfig, start_generation
 from nemo_tau2.generation.smollm2 import smollm2_hf_dir
 from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec
+from nemo_tau2.gym.episode_config import NemoGymEnvConfig
 from nemo_tau2.gym.model_server import conversion
 from nemo_tau2.tau2_env import domains
 from nemo_tau2.tau2_env.gym_rows import task_row
@@ -111,10 +112,9 @@ def main() -> None:
         root = policy.base_urls[0].removesuffix("/v1")
         spec = Tau2EnvironmentSpec(
             policy=policy,
-            user=GenerationConfig(backend="fake", fake_cfg={}),
+            user=GenerationConfig(backend="fake", fake_cfg={}, temperature=0.0, top_p=1.0),
             domains=sorted({row["domain"] for row in rows}),
-            agent_config={"max_steps": args.max_steps},
-            return_token_ids=True,
+            gym=NemoGymEnvConfig(max_steps=args.max_steps, return_token_ids=True),
         )
         sampling = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=args.max_new_tokens)
         cold_start = {}

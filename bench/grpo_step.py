@@ -22,8 +22,8 @@ from pathlib import Path
 import nemo_tau2  # noqa: F401  (offline settings first)
 from nemo_tau2.algorithms import grpo
 from nemo_tau2.algorithms.grpo_config import GRPOMasterConfig
-from nemo_tau2.algorithms.tiny_policy import build_tiny_policy
 from nemo_tau2.config import apply_overrides, load_config, validate_config
+from nemo_tau2.testing.warm_start import build_tiny_policy
 
 SMOKE = Path(__file__).parents[1] / "examples" / "configs" / "grpo_tau2_cpu_smoke.yaml"
 

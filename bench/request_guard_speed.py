@@ -68,8 +68,10 @@ def main() -> None:
             parse = _per_call_us(lambda body=body: orjson.loads(body), args.repeat)
         except orjson.JSONDecodeError:
             parse = float("nan")
-        results[name] = {"bytes": len(body), "gate_us": round(gate, 1), "orjson_loads_us": round(parse, 1),
-                         "ratio": round(gate / parse, 3) if parse == parse else None,
+        parsed = parse == parse  # NaN where orjson refuses the body
+        results[name] = {"bytes": len(body), "gate_us": round(gate, 1),
+                         "orjson_loads_us": round(parse, 1) if parsed else None,
+                         "ratio": round(gate / parse, 3) if parsed else None,
                          "refused": verdict is not None}  # fmt: skip
         ratio = f"{gate / parse:6.2f}" if parse == parse else "     -"
         print(f"{name:24s} {len(body):>10d} {gate:>9.1f} {parse:>10.1f} {ratio}  {verdict or 'passes'}"[:160])

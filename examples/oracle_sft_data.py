@@ -42,15 +42,18 @@ def main(argv: list[str]) -> int:
     args = parse(argv)
     from nemo_tau2.algorithms.grpo_config import GRPOEnvConfig
     from nemo_tau2.algorithms.sft_data import conversation_from_episode
-    from nemo_tau2.algorithms.training_setup import sampling_params, start_rollout_stack, task_rows
+    from nemo_tau2.algorithms.training_setup import start_rollout_stack
     from nemo_tau2.evals.config import UserSimulatorConfig
-    from nemo_tau2.experience.rollouts import run_nemo_gym_rollout_sync
+    from nemo_tau2.experience.rollouts import SamplingParams, run_nemo_gym_rollout_sync
     from nemo_tau2.generation.config import GenerationConfig
-    from nemo_tau2.tau2_env.domains import UnknownTaskError
+    from nemo_tau2.tau2_env.gym_rows import load_rows
 
     try:
-        rows = task_rows(args.domains, args.split, task_ids=args.task_ids, compact=args.compact_rows)
-    except UnknownTaskError as e:
+        rows = load_rows(
+            domains_=args.domains, split=args.split, task_ids=args.task_ids, compact=args.compact_rows,
+            what="oracle_sft_data.py", split_key="split",
+        )  # fmt: skip
+    except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if not rows:
@@ -68,7 +71,7 @@ def main(argv: list[str]) -> int:
     with ExitStack() as resources:
         _, environment = start_rollout_stack(cfg, [row["domain"] for row in rows], resources)
         results = run_nemo_gym_rollout_sync(
-            repeated, environment.agent_urls, sampling_params(policy), n, keep_full_result=True
+            repeated, environment.agent_urls, SamplingParams.from_generation(policy), n, keep_full_result=True
         )
     conversations = []
     for row, result in zip(repeated, results, strict=True):

@@ -1,44 +1,65 @@
 """Evaluate a policy on tau2-bench: pass@k, pass^k and mean reward per domain, resumable.
 
-    uv run examples/run_eval.py --config examples/configs/evals/tau2_cpu_demo.yaml
+    uv run examples/run_eval.py                      # the CPU demo (configs/evals/tau2_cpu_demo.yaml beside this file)
+    uv run examples/run_eval.py --config examples/configs/evals/nemo_gym_eval.yaml   # NeMo-RL's Gym-eval layout
     uv run examples/run_eval.py --config examples/configs/evals/tau2_test.yaml eval.rollout_mode=nemo_gym \\
         policy.generation.model_name=Qwen/Qwen3-4B-Instruct-2507 eval.save_path=results/qwen3_4b
 
 Overrides: ``a.b=value`` changes an existing key (unknown keys are an error naming the closest one), ``+a.b=value``
-adds one. Rerunning with the same ``eval.save_path`` resumes where the last run stopped.
+adds one. Rerunning with the same ``eval.save_path`` resumes where the last run stopped. A config in NeMo-RL's
+Gym-eval layout (top-level ``generation``, ``tokenizer``, ``cluster``) loads as well as ours. Bad input is one line on
+stderr naming the key and the fix, exit 2, nothing written.
 """
 
 import logging
 import sys
+from pathlib import Path
 
 import nemo_tau2  # noqa: F401  (offline settings before tau2 loads litellm)
-from nemo_tau2.config import ConfigError, load_config_from_cli
+from nemo_tau2.config import ConfigError, apply_overrides, load_config, parse_args
 from nemo_tau2.evals.eval import run_eval, setup_eval
 from nemo_tau2.generation.errors import GenerationStartupError
 from nemo_tau2.gym.launch import ServerStartError
 
-DEFAULT_CONFIG = "examples/configs/evals/tau2_cpu_demo.yaml"
+# Found beside this script, so the command works from any directory.
+DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "evals" / "tau2_cpu_demo.yaml"
+
+
+def _show_progress_lines() -> None:
+    """The run's lines at the default log level, plain: config, results, a line per server as it starts,
+    resuming, nothing left to do."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    evals_logger = logging.getLogger("nemo_tau2")
+    evals_logger.setLevel(logging.INFO)
+    evals_logger.addHandler(handler)
+    evals_logger.propagate = False
 
 
 def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    _show_progress_lines()
+    args = parse_args(sys.argv[1:], default_config=DEFAULT_CONFIG)
+    cfg = None
     try:
-        raw = load_config_from_cli(sys.argv[1:], default_config=DEFAULT_CONFIG)
-        cfg = setup_eval(raw)
+        raw = apply_overrides(load_config(args.config), args.overrides)
+        print(f"config: {args.config.resolve()}", file=sys.stderr)
+        cfg = setup_eval(raw, config_name=args.config.stem)
+        print(f"results: {Path(cfg.eval.save_path).resolve()}", file=sys.stderr)
+        summary, table = run_eval(cfg, raw)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    try:
-        summary, table = run_eval(cfg, raw)
     except (GenerationStartupError, ServerStartError) as e:
         print(f"error: could not start the environment: {e}", file=sys.stderr)
         return 3
     except KeyboardInterrupt:
-        print(
-            f"\ninterrupted: finished episodes are saved in {cfg.eval.save_path}/rollouts.jsonl; rerun the same "
-            "command to resume",
-            file=sys.stderr,
-        )
+        if cfg is not None:
+            print(
+                f"\ninterrupted: finished episodes are saved in {cfg.eval.save_path}/rollouts.jsonl; rerun the same "
+                "command to resume",
+                file=sys.stderr,
+            )
         return 130
     metrics = summary["metrics"]
     print()

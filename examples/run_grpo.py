@@ -17,7 +17,6 @@ from pathlib import Path
 import nemo_tau2  # noqa: F401  (offline settings before tau2 loads litellm)
 from nemo_tau2.config import ConfigError, apply_overrides, load_config, parse_args, redact_secrets, validate_config
 from nemo_tau2.generation.errors import GenerationStartupError
-from nemo_tau2.generation.validation import gym_rule_violations
 from nemo_tau2.gym.launch import ServerStartError
 from nemo_tau2.utils import console_table
 from nemo_tau2.utils.jsonl_log import write_json_atomic
@@ -40,6 +39,7 @@ COLUMNS = [
 
 def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("nemo_tau2").setLevel(logging.INFO)  # a line per server as it starts, resuming, checkpoints
     args = parse_args(
         sys.argv[1:], switches={"--plan": "print the memory plan (per trainer rank, per vLLM GPU), exit"}
     )
@@ -47,9 +47,6 @@ def main() -> int:
         raw = apply_overrides(load_config(args.config), args.overrides)
         from nemo_tau2.algorithms.grpo_config import GRPOMasterConfig
 
-        problems = gym_rule_violations(redact_secrets(raw)["policy"].get("generation") or {}, key="policy.generation")
-        if problems:
-            raise ConfigError("\n".join(["problems in the config:", *(f"  - {p}" for p in problems)]))
         cfg = validate_config(raw, GRPOMasterConfig)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -57,8 +54,8 @@ def main() -> int:
     from tqdm import tqdm
 
     from nemo_tau2.algorithms import grpo
-    from nemo_tau2.algorithms.tiny_policy import build_tiny_policy
     from nemo_tau2.models.memory_plan import format_plan
+    from nemo_tau2.testing.warm_start import build_tiny_policy
 
     try:
         plan = grpo.plan_memory(cfg)
@@ -73,7 +70,26 @@ def main() -> int:
         print(f"error: the run cannot fit: {'; '.join(plan.problems)}", file=sys.stderr)
         return 2
 
-    train_rows, val_rows = grpo.load_rows(cfg)
+    print(f"config: {args.config.resolve()}", file=sys.stderr)
+    checkpoints = (
+        f", checkpoints in {Path(cfg.checkpointing.checkpoint_dir).resolve()}" if cfg.checkpointing.enabled else ""
+    )
+    print(f"results: metrics in {Path(cfg.logger.log_dir).resolve()}{checkpoints}", file=sys.stderr)
+    if cfg.checkpointing.enabled:
+        latest = grpo.resumable_checkpoint(cfg.checkpointing.checkpoint_dir)
+        done = grpo.checkpoint_step(latest) if latest is not None else 0
+        if done >= cfg.grpo.max_num_steps:
+            print(
+                f"nothing left to do: step {done} of grpo.max_num_steps={cfg.grpo.max_num_steps} is done ({latest}); "
+                f"raise grpo.max_num_steps to train further",
+                file=sys.stderr,
+            )
+            return 0
+    try:
+        train_rows, val_rows = grpo.load_rows(cfg)
+    except ValueError as e:  # each names its key and the fix (an unknown split, domain or task, a rows file)
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if cfg.tiny_policy is not None and not Path(cfg.policy.model_name).exists():
         print(f"building the warm-started tiny policy into {cfg.policy.model_name} ...", file=sys.stderr)
         build_tiny_policy(cfg.tiny_policy, train_rows, cfg.policy.model_name)
@@ -85,9 +101,16 @@ def main() -> int:
         print(f"error: could not start: {e}", file=sys.stderr)
         return 3
     if setup.start_step:
-        print(f"resuming at step {setup.start_step} from {cfg.checkpointing.checkpoint_dir}", file=sys.stderr)
+        print(
+            f"resuming: {setup.start_step} of {cfg.grpo.max_num_steps} steps already done "
+            f"({cfg.checkpointing.checkpoint_dir})",
+            file=sys.stderr,
+        )
     progress = tqdm(total=cfg.grpo.max_num_steps, initial=setup.start_step, desc="GRPO steps", unit="step")
     progress.write(console_table.header(COLUMNS))
+    setup.on_rollout_progress = lambda snapshot: progress.set_postfix_str(
+        f"rollout {snapshot.episodes_done}/{snapshot.episodes_total} episodes, {snapshot.describe()}"
+    )
 
     def on_step(step: int, metrics: dict) -> None:
         progress.write(console_table.row(COLUMNS, step, metrics))

@@ -50,10 +50,9 @@ def main() -> int:
 
     from nemo_tau2.algorithms import sft
     from nemo_tau2.algorithms.sft_data import SFTDataError, read_sft_rows
-    from nemo_tau2.algorithms.tiny_policy import build_tiny_policy
-    from nemo_tau2.algorithms.training_setup import task_rows
     from nemo_tau2.models.memory_plan import format_plan
-    from nemo_tau2.tau2_env.domains import UnknownTaskError
+    from nemo_tau2.tau2_env.gym_rows import load_rows
+    from nemo_tau2.testing.warm_start import build_tiny_policy
 
     try:
         plan = sft.plan_memory(cfg)
@@ -71,10 +70,11 @@ def main() -> int:
     try:
         train_rows = read_sft_rows(data.train_data_path)
         val_rows = read_sft_rows(data.val_data_path) if data.val_data_path else []
-        eval_rows = task_rows(
-            data.domains, data.val_split, task_ids=data.task_ids, compact=data.compact_rows, path=data.val_rows_path
-        )
-    except (SFTDataError, UnknownTaskError, OSError) as e:
+        eval_rows = load_rows(
+            data_path=data.val_rows_path, domains_=data.domains, split=data.val_split, task_ids=data.task_ids,
+            compact=data.compact_rows, split_key="val_split", path_key="val_rows_path",
+        )  # fmt: skip
+    except (SFTDataError, ValueError, OSError) as e:  # each names its key or file and the fix
         print(f"error: {e}", file=sys.stderr)
         return 2
     if not train_rows:

@@ -29,6 +29,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ValidationError
 
+from nemo_tau2.generation.validation import GYM_RULES_ERROR, gym_rule_lines
+
 REDACTED = "***REDACTED***"
 
 _OVERRIDE_RE = re.compile(r"^(?P<prefix>\+{0,2})(?P<key>[A-Za-z_][\w-]*(?:\.[\w-]+)*)=(?P<value>.*)$", re.DOTALL)
@@ -37,7 +39,18 @@ _FLOAT_RE = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 
 
 class ConfigError(ValueError):
-    """A config file, override or value is invalid; the message names the key and the value."""
+    """A config file, override or value is invalid; the message names the key and the value.
+
+    ``problems`` holds one line per problem (a validation can find several), each naming a key and its fix.
+    """
+
+    def __init__(self, message: str, problems: Sequence[str] | None = None):
+        super().__init__(message)
+        self.problems = list(problems) if problems else message.splitlines()
+
+
+class ConfigFileNotFoundError(ConfigError, FileNotFoundError):
+    """A config file or a ``defaults:`` parent does not exist (both a ConfigError and a FileNotFoundError)."""
 
 
 # ======================================================================================================
@@ -85,7 +98,9 @@ register_omegaconf_resolvers()
 
 def _read_yaml(path: Path) -> DictConfig:
     if not path.is_file():
-        raise FileNotFoundError(f"config file not found: {path}")
+        raise ConfigFileNotFoundError(
+            f"config file not found: {path}; pass --config with an existing YAML file (examples/configs/ has them)"
+        )
     try:
         cfg = OmegaConf.load(path)
     except (yaml.YAMLError, OmegaConfBaseException) as e:
@@ -105,7 +120,9 @@ def _parent_paths(cfg: DictConfig, path: Path) -> list[Path]:
     parents = [(path.parent / entry).resolve() for entry in entries]
     for entry, parent in zip(entries, parents, strict=True):
         if not parent.is_file():
-            raise FileNotFoundError(f"'defaults' entry {entry!r} in {path} not found: {parent}")
+            raise ConfigFileNotFoundError(
+                f"'defaults' entry {entry!r} in {path} not found: {parent}; fix the path (relative to {path.name})"
+            )
     return parents
 
 
@@ -138,7 +155,7 @@ def load_config(path: str | Path) -> DictConfig:
         The merged config; ``${...}`` interpolations are kept unresolved.
 
     Raises:
-        FileNotFoundError: The file or a parent does not exist.
+        ConfigFileNotFoundError: The file or a parent does not exist (a ConfigError and a FileNotFoundError).
         ConfigError: Unparsable YAML, a non-mapping top level, a malformed ``defaults:`` or a cycle.
     """
     return _load_with_defaults(Path(path).resolve(), ())
@@ -315,6 +332,11 @@ def _describe_error(model: type[BaseModel], error: dict[str, Any]) -> str:
         return f"{key}: unknown key{hint}"
     if error["type"] == "missing":
         return f"{key}: required key is missing"
+    if error["type"] == GYM_RULES_ERROR:
+        return "\n  ".join(gym_rule_lines(error, key))
+    if error["type"] == "value_error" and isinstance(error.get("input"), dict):
+        # A cross-field check of a whole block: its message names the keys and the fix; the block is noise.
+        return f"{key}: {error['msg'].removeprefix('Value error, ')}"
     value = REDACTED if loc and is_secret_key(str(loc[-1])) else _short_repr(error.get("input"))
     return f"{key}: {error['msg']} (got {value})"
 
@@ -337,7 +359,7 @@ def validate_config[M: BaseModel](cfg: DictConfig | dict[str, Any], model: type[
         return model.model_validate(data)
     except ValidationError as e:
         lines = [_describe_error(model, err) for err in e.errors()]
-        raise ConfigError(f"invalid {model.__name__} config:\n  " + "\n  ".join(lines)) from e
+        raise ConfigError(f"invalid {model.__name__} config:\n  " + "\n  ".join(lines), problems=lines) from e
 
 
 # ======================================================================================================

@@ -33,15 +33,16 @@ from nemo_tau2.algorithms.grpo_config import GRPOMasterConfig
 from nemo_tau2.algorithms.loss import ClippedPGLossFn
 from nemo_tau2.algorithms.reward_shaping import shape_reward
 from nemo_tau2.algorithms.sampling import DynamicSampler, EpisodeGroup, ScoredEpisode, flatten_groups
-from nemo_tau2.algorithms.training_setup import (  # noqa: F401  (resumable_checkpoint: part of this module's API)
+from nemo_tau2.algorithms.training_setup import (  # noqa: F401  (resumable_checkpoint, checkpoint_step: this module's API)
+    checkpoint_step,
     resumable_checkpoint,
-    sampling_params,
     start_rollout_stack,
     sync_policy_weights,
-    task_rows,
+    train_and_val_rows,
     validation_metrics,
 )
-from nemo_tau2.experience.rollouts import RolloutResult, rollout_metrics, run_nemo_gym_rollout_sync
+from nemo_tau2.experience.progress import RolloutProgress
+from nemo_tau2.experience.rollouts import RolloutResult, SamplingParams, rollout_metrics, run_nemo_gym_rollout_sync
 from nemo_tau2.generation.launch import GenerationHandle
 from nemo_tau2.gym.environment import Tau2Environment
 from nemo_tau2.models.memory_plan import MemoryPlan
@@ -67,6 +68,7 @@ class GRPOSetup:
     metrics_logger: MetricsLogger
     start_step: int = 0
     resources: ExitStack = field(default_factory=ExitStack)
+    on_rollout_progress: Callable[[RolloutProgress], None] | None = None  # e.g. a progress bar's postfix
 
     def close(self) -> None:
         self.resources.close()
@@ -139,7 +141,7 @@ def generate(s: GRPOSetup, step: int) -> tuple[list[EpisodeGroup], list[RolloutR
     """Roll out prompt groups (several generation batches with dynamic sampling) and score each episode."""
     grpo, generation = s.cfg.grpo, s.cfg.policy.generation
     n = grpo.num_generations_per_prompt
-    sampling = sampling_params(generation)
+    sampling = SamplingParams.from_generation(generation)
     sampler = DynamicSampler(grpo.sampling_config(), target_num_groups=grpo.num_prompts_per_step)
     all_results: list[RolloutResult] = []
     batch = 0
@@ -148,7 +150,12 @@ def generate(s: GRPOSetup, step: int) -> tuple[list[EpisodeGroup], list[RolloutR
         indices = s.curriculum.sample(grpo.num_prompts_per_step, replace=too_few_rows)
         rows = [s.train_rows[i] for i in indices for _ in range(n)]
         results = run_nemo_gym_rollout_sync(
-            rows, s.environment.agent_urls, sampling, n, max_concurrency=grpo.max_rollout_concurrency
+            rows,
+            s.environment.agent_urls,
+            sampling,
+            n,
+            max_concurrency=grpo.max_rollout_concurrency,
+            on_progress=s.on_rollout_progress,
         )
         scored = []
         for result in results:
@@ -230,7 +237,7 @@ def validate(s: GRPOSetup) -> dict[str, float]:
     return validation_metrics(
         s.environment, s.val_rows[: grpo.max_val_samples], s.cfg.policy.generation,
         num_generations=grpo.val_num_generations_per_prompt, max_concurrency=grpo.max_rollout_concurrency,
-        seed=grpo.seed,
+        seed=grpo.seed, on_progress=s.on_rollout_progress,
     )  # fmt: skip
 
 
@@ -292,9 +299,4 @@ def _per_domain_success(results: list[RolloutResult]) -> dict[str, Any]:
 
 def load_rows(cfg: GRPOMasterConfig) -> tuple[list[dict], list[dict]]:
     """Training and validation rows: from JSONL files, or the configured splits of ``data.domains``."""
-    data = cfg.data
-    common = {"task_ids": data.task_ids, "compact": data.compact_rows}
-    train_rows = task_rows(data.domains, data.train_split, path=data.train_data_path, **common)
-    if not train_rows:
-        raise ValueError("the GRPO config selects no training rows (data.domains, data.train_split, data.task_ids)")
-    return train_rows, task_rows(data.domains, data.val_split, path=data.val_data_path, **common)
+    return train_and_val_rows(cfg.data)

@@ -14,11 +14,13 @@ from nemo_tau2.algorithms.loss import ClippedPGLossConfig
 from nemo_tau2.algorithms.reward_shaping import RewardShapingConfig
 from nemo_tau2.algorithms.sampling import SamplingConfig
 from nemo_tau2.algorithms.tiny_policy import TinyPolicyConfig
-from nemo_tau2.evals.config import NemoGymEnvConfig, UserSimulatorConfig
+from nemo_tau2.generation.validation import GymGenerationConfig
+from nemo_tau2.gym.episode_config import NemoGymEnvConfig, UserSimulatorConfig
 from nemo_tau2.models.memory_plan import ClusterConfig
 from nemo_tau2.models.policy.checkpoint import CheckpointingConfig
 from nemo_tau2.models.policy.config import PolicyConfig
 from nemo_tau2.tau2_env import DOMAINS
+from nemo_tau2.utils.metrics_logger import LoggerConfig
 
 
 class _Strict(BaseModel):
@@ -74,12 +76,11 @@ class GRPODataConfig(_Strict):
         return self
 
 
-class LoggerConfig(_Strict):
-    log_dir: str = Field(default="results/grpo/logs", description="metrics.jsonl (always) and TensorBoard files.")
-    tensorboard_enabled: bool = False
-    wandb_enabled: bool = False
-    wandb_project: str = "nemo-tau2"
-    wandb_name: str | None = None
+class GRPOPolicyConfig(PolicyConfig):
+    """``policy``: the trainer's config, whose ``generation`` block drives the Gym rollouts (so obeys the gym
+    rules, as ``user.generation`` does)."""
+
+    generation: GymGenerationConfig | None = PolicyConfig.model_fields["generation"]
 
 
 class GRPOEnvConfig(_Strict):
@@ -89,7 +90,7 @@ class GRPOEnvConfig(_Strict):
 class GRPOMasterConfig(_Strict):
     grpo: GRPOSettings = GRPOSettings()
     loss_fn: ClippedPGLossConfig = ClippedPGLossConfig()
-    policy: PolicyConfig
+    policy: GRPOPolicyConfig
     user: UserSimulatorConfig
     env: GRPOEnvConfig = GRPOEnvConfig()
     data: GRPODataConfig

@@ -24,7 +24,7 @@ from nemo_tau2.algorithms import training_setup
 from nemo_tau2.algorithms.rft_config import RFTMasterConfig
 from nemo_tau2.algorithms.sft import FINAL_HF_DIR, batch_schedule, export_hf, sequences_of, train_step
 from nemo_tau2.algorithms.sft_data import ConversionReport, row_from_result, select_rows
-from nemo_tau2.experience.rollouts import RolloutResult, rollout_metrics, run_nemo_gym_rollout_sync
+from nemo_tau2.experience.rollouts import RolloutResult, SamplingParams, rollout_metrics, run_nemo_gym_rollout_sync
 from nemo_tau2.generation.launch import GenerationHandle
 from nemo_tau2.gym.environment import Tau2Environment
 from nemo_tau2.models.memory_plan import MemoryPlan
@@ -62,12 +62,8 @@ def plan_memory(cfg: RFTMasterConfig) -> MemoryPlan:
 
 
 def load_rows(cfg: RFTMasterConfig) -> tuple[list[dict], list[dict]]:
-    data = cfg.data
-    common = {"task_ids": data.task_ids, "compact": data.compact_rows}
-    train_rows = training_setup.task_rows(data.domains, data.train_split, path=data.train_data_path, **common)
-    if not train_rows:
-        raise ValueError("the RFT config selects no training rows (data.domains, data.train_split, data.task_ids)")
-    return train_rows, training_setup.task_rows(data.domains, data.val_split, path=data.val_data_path, **common)
+    """Training and validation rows, as GRPO's ``data`` block selects them."""
+    return training_setup.train_and_val_rows(cfg.data)
 
 
 def setup(cfg: RFTMasterConfig, train_rows: list[dict], val_rows: list[dict]) -> RFTSetup:
@@ -110,7 +106,7 @@ def sample(s: RFTSetup) -> list[RolloutResult]:
     n = s.cfg.rft.num_generations_per_prompt
     rows = [row for row in s.train_rows for _ in range(n)]
     return run_nemo_gym_rollout_sync(
-        rows, s.environment.agent_urls, training_setup.sampling_params(s.cfg.policy.generation), n,
+        rows, s.environment.agent_urls, SamplingParams.from_generation(s.cfg.policy.generation), n,
         max_concurrency=s.cfg.rft.max_rollout_concurrency,
     )  # fmt: skip
 

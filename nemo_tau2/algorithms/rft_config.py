@@ -10,13 +10,12 @@ samples per task (its GRPO group size); its rollouts sample at temperature 0.7 (
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from nemo_tau2.algorithms.grpo_config import GRPODataConfig, GRPOEnvConfig, LoggerConfig
+from nemo_tau2.algorithms.grpo_config import GRPODataConfig, GRPOEnvConfig, GRPOPolicyConfig, LoggerConfig
 from nemo_tau2.algorithms.sft_data import TEST_SPLIT
 from nemo_tau2.algorithms.tiny_policy import TinyPolicyConfig
 from nemo_tau2.evals.config import UserSimulatorConfig
 from nemo_tau2.models.memory_plan import ClusterConfig
 from nemo_tau2.models.policy.checkpoint import CheckpointingConfig
-from nemo_tau2.models.policy.config import PolicyConfig
 
 
 class RFTSettings(BaseModel):
@@ -43,7 +42,7 @@ class RFTMasterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     rft: RFTSettings = RFTSettings()
-    policy: PolicyConfig
+    policy: GRPOPolicyConfig
     user: UserSimulatorConfig
     env: GRPOEnvConfig = GRPOEnvConfig()
     data: GRPODataConfig

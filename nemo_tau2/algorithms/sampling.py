@@ -32,7 +32,7 @@ class ScoredEpisode:
 
     group_id: int | str
     reward: float
-    status: EpisodeStatus = "ok"
+    status: EpisodeStatus = EpisodeStatus.OK
     truncated: bool = False
     loss_multiplier: float = 1.0
     data: Any = None

@@ -9,12 +9,11 @@ pass@1), ``data`` (SFT rows from ``prepare_sft_data.py``; validation tasks), ``c
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from nemo_tau2.algorithms.grpo_config import GRPOEnvConfig, LoggerConfig
+from nemo_tau2.algorithms.grpo_config import GRPOEnvConfig, GRPOPolicyConfig, LoggerConfig
 from nemo_tau2.algorithms.tiny_policy import TinyPolicyConfig
 from nemo_tau2.evals.config import UserSimulatorConfig
 from nemo_tau2.models.memory_plan import ClusterConfig
 from nemo_tau2.models.policy.checkpoint import CheckpointingConfig
-from nemo_tau2.models.policy.config import PolicyConfig
 from nemo_tau2.tau2_env import DOMAINS
 
 
@@ -66,7 +65,7 @@ class SFTDataConfig(_Strict):
 
 class SFTMasterConfig(_Strict):
     sft: SFTSettings = SFTSettings()
-    policy: PolicyConfig
+    policy: GRPOPolicyConfig
     user: UserSimulatorConfig | None = None
     env: GRPOEnvConfig = GRPOEnvConfig()
     data: SFTDataConfig

@@ -1,18 +1,19 @@
 """Setup pieces shared by the training loops (GRPO, SFT, RFT): one mechanism each, used by all of them.
 
-The memory plan from the model's config.json, the task rows of a config, the rollout stack (the generation backend
-serving the trainer's weights and the tau2 Gym servers), the weight sync into that backend, validation through the
-evaluator's metrics, and the newest whole checkpoint to resume from. The configs they read share the blocks
+The memory plan from the model's config.json, the task rows of a ``data`` block, the rollout stack (the generation
+backend serving the trainer's weights and the tau2 Gym servers), the weight sync into that backend, validation through
+the evaluator's metrics, and the newest whole checkpoint to resume from. The configs they read share the blocks
 ``policy``, ``user``, ``env.nemo_gym``, ``checkpointing``, ``logger``, ``cluster`` and ``tiny_policy``.
 """
 
-import json
 import logging
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 from nemo_tau2.evals.metrics import EpisodeRecord, compute_eval_metrics
+from nemo_tau2.experience.progress import RolloutProgress
 from nemo_tau2.experience.rollouts import RolloutResult, SamplingParams, run_nemo_gym_rollout_sync
 from nemo_tau2.generation.launch import GenerationHandle, start_generation
 from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec
@@ -20,6 +21,7 @@ from nemo_tau2.models.memory_plan import MemoryPlan, make_plan
 from nemo_tau2.models.model_shape import find_model_config, model_shape
 from nemo_tau2.models.policy import checkpoint as ckpt
 from nemo_tau2.models.policy.lm_policy import Policy
+from nemo_tau2.tau2_env import gym_rows
 
 logger = logging.getLogger(__name__)
 
@@ -59,28 +61,25 @@ def resumable_checkpoint(checkpoint_dir: str | Path) -> Path | None:
     return None
 
 
-def task_rows(
-    domain_names: list[str] | None,
-    split: str | None,
-    *,
-    task_ids: list[str] | None = None,
-    compact: bool = False,
-    path: str | None = None,
-) -> list[dict]:
-    """Gym rows: from a JSONL file, or the tasks of ``split`` in each domain (only ``task_ids`` if given)."""
-    from nemo_tau2.algorithms.tiny_policy import compact_rows
-    from nemo_tau2.tau2_env import domains
-    from nemo_tau2.tau2_env.gym_rows import task_row
+def checkpoint_step(path: Path) -> int:
+    """The step a checkpoint (from :func:`resumable_checkpoint`) was taken after."""
+    return int(ckpt.read_trainer_state(path)["step"])
 
-    if path:
-        return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-    if split is None:
-        return []
-    rows = []
-    for domain in domain_names or []:
-        ids = [task.id for task in domains.get_tasks(domain, split) if task_ids is None or task.id in task_ids]
-        rows += compact_rows(domain, ids) if compact else [task_row(domain, i, split=split) for i in ids]
-    return rows
+
+def train_and_val_rows(data: Any, what: str = "data") -> tuple[list[dict], list[dict]]:
+    """Training and validation rows of a ``data`` block with GRPO's keys (``train_split`` / ``train_data_path``,
+    ``val_split`` / ``val_data_path``, ``domains``, ``task_ids``, ``compact_rows``); messages name those keys."""
+    common = {"domains_": data.domains, "task_ids": data.task_ids, "compact": data.compact_rows, "what": what}
+    train_rows = gym_rows.load_rows(
+        data_path=data.train_data_path, split=data.train_split, split_key="train_split", path_key="train_data_path",
+        **common,
+    )  # fmt: skip
+    if not train_rows:
+        raise ValueError(f"the config selects no training rows ({what}.domains, {what}.train_split, {what}.task_ids)")
+    val_rows = gym_rows.load_rows(
+        data_path=data.val_data_path, split=data.val_split, split_key="val_split", path_key="val_data_path", **common
+    )
+    return train_rows, val_rows
 
 
 def start_rollout_stack(
@@ -91,27 +90,12 @@ def start_rollout_stack(
     Both are closed by ``resources``. Reads ``policy.generation``, ``user``, ``env.nemo_gym`` and ``logger.log_dir``.
     """
     generation = resources.enter_context(start_generation(cfg.policy.generation))
-    env_cfg = cfg.env.nemo_gym
     spec = Tau2EnvironmentSpec(
         policy=generation,
-        user=cfg.user.generation,
+        user=cfg.user,
         domains=sorted(set(domain_names)),
-        agent_config={
-            "max_steps": env_cfg.max_steps,
-            "max_errors": env_cfg.max_errors,
-            "max_turns": env_cfg.max_turns,
-            "user_empty_retries": env_cfg.user_empty_retries,
-            "user_seed": cfg.user.seed,
-            "user_strategy": cfg.user.strategy_config().model_dump(exclude_unset=True),
-            "user_responses_create_params": cfg.user.responses_params(),
-            "policy_retry": env_cfg.policy_retry.model_dump(),
-            "user_retry": env_cfg.user_retry.model_dump(),
-        },
-        policy_model_server=env_cfg.policy_model_server,
-        user_model_server=env_cfg.user_model_server,
-        return_token_ids=True,
+        gym=cfg.env.nemo_gym,
         log_dir=Path(cfg.logger.log_dir) / "server_logs",
-        startup_timeout_s=env_cfg.server_startup_timeout_s,
     )
     environment = resources.enter_context(Tau2Environment(spec))
     return generation, environment
@@ -129,18 +113,9 @@ def sync_policy_weights(policy: Policy, generation: GenerationHandle, scratch_di
         generation.update_weights(checkpoint_dir=str(policy.save_hf_model(directory)))
 
 
-def sampling_params(generation_cfg: Any) -> SamplingParams:
-    return SamplingParams(generation_cfg.temperature, generation_cfg.top_p, generation_cfg.max_new_tokens)
-
-
 def rollout_pass_metrics(results: list[RolloutResult], n: int, seed: int, prefix: str) -> dict[str, float]:
     """The evaluator's metrics (pass@k, pass^k, mean reward per domain) of finished episodes, keys under ``prefix``."""
-    records = [
-        EpisodeRecord(
-            r.domain, r.task_id, r.success, r.reward, r.status, r.termination_reason, r.num_turns, r.total_tokens
-        )
-        for r in results
-    ]
+    records = [EpisodeRecord.from_dict(vars(result)) for result in results]
     metrics = compute_eval_metrics(records, ks=sorted({1, n}), num_bootstrap=0, seed=seed)
     return {f"{prefix}/" + key.removeprefix("eval/"): value for key, value in metrics.items()}
 
@@ -154,10 +129,16 @@ def validation_metrics(
     max_concurrency: int,
     seed: int,
     prefix: str = "val",
+    on_progress: Callable[[RolloutProgress], None] | None = None,
 ) -> dict[str, float]:
     """Roll out ``num_generations`` episodes of each row with the served weights; the evaluator's metrics."""
     repeated = [row | {"sample_index": k} for row in rows for k in range(num_generations)]
     results = run_nemo_gym_rollout_sync(
-        repeated, environment.agent_urls, sampling_params(generation_cfg), 1, max_concurrency=max_concurrency
+        repeated,
+        environment.agent_urls,
+        SamplingParams.from_generation(generation_cfg),
+        1,
+        max_concurrency=max_concurrency,
+        on_progress=on_progress,
     )
     return rollout_pass_metrics(results, num_generations, seed, prefix)

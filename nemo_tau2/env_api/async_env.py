@@ -291,7 +291,7 @@ class AsyncTau2Env:
             "num_turns": state.policy_turns,
             "num_user_turns": state.user_turns,
             "num_steps": state.steps,
-            "num_errors": state.errors,
+            "num_tool_errors": state.errors,
             "user_simulator": state.user_simulator.report(self.settings.user_strategy.strategy, state.user_turns),
             "timings": {key: round(value, 6) for key, value in state.seconds.items()},
         }

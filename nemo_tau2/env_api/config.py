@@ -1,32 +1,22 @@
 """What a ``Tau2Env`` plays: a domain's tasks, the simulated user, and the agent server's episode settings.
 
-The episode settings (``max_steps``, ``max_errors``, ``max_turns``, retries) are the agent server's own fields
-(:class:`~nemo_tau2.gym.agent.app.Tau2AgentConfig`), defaults and bounds included, so an environment episode and a
-``/run`` episode stop at the same places. ``user`` is the eval/GRPO configs' ``user`` block
+The episode limits (``max_steps``, ``max_errors``, ``max_turns``, retries) are the one schema the agent server's
+config also is (:class:`~nemo_tau2.gym.episode_config.EpisodeLimits`), defaults and bounds included, so an
+environment episode and a ``/run`` episode stop at the same places. ``user`` is the eval/GRPO configs' ``user`` block
 (:class:`~nemo_tau2.evals.config.UserSimulatorConfig`: ``generation``, ``seed``, ``strategy``, ``max_checks``), or
 just its ``generation`` block.
 """
 
-import copy
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from nemo_tau2.evals.config import UserSimulatorConfig
 from nemo_tau2.generation.config import GenerationConfig
-from nemo_tau2.gym.agent.app import Tau2AgentConfig
-from nemo_tau2.gym.agent.conversation import EpisodeSettings
-from nemo_tau2.gym.http_client import RetryConfig
+from nemo_tau2.gym.episode_config import EpisodeLimits, EpisodeSettings, UserSimulatorConfig
 from nemo_tau2.tau2_env import domains
 
-_AGENT_FIELDS = Tau2AgentConfig.model_fields
 
-
-def _agent_field(name: str) -> Any:
-    return copy.copy(_AGENT_FIELDS[name])  # the agent server's default, bounds and description
-
-
-class Tau2EnvConfig(BaseModel):
+class Tau2EnvConfig(EpisodeLimits):
     model_config = ConfigDict(extra="forbid")
 
     domain: str
@@ -37,12 +27,6 @@ class Tau2EnvConfig(BaseModel):
     respond_user: bool = Field(
         default=False, description="The policy speaks to the user through a respond_user(text) tool call."
     )
-    max_steps: int = _agent_field("max_steps")
-    max_errors: int = _agent_field("max_errors")
-    max_turns: int | None = _agent_field("max_turns")
-    user_empty_retries: int = _agent_field("user_empty_retries")
-    user_retry: RetryConfig = _agent_field("user_retry")
-    resources_retry: RetryConfig = _agent_field("resources_retry")
 
     @field_validator("user", mode="before")
     @classmethod
@@ -60,6 +44,8 @@ class Tau2EnvConfig(BaseModel):
 
     @model_validator(mode="after")
     def _tasks_exist(self) -> "Tau2EnvConfig":
+        if "policy_retry" in self.model_fields_set:
+            raise ValueError("policy_retry does not apply to Tau2Env: the caller plays the policy")
         domains.check_domain(self.domain)
         if (self.split is None) == (self.task_ids is None):
             raise ValueError("give exactly one of split (e.g. split='test') or task_ids")
@@ -86,18 +72,7 @@ class Tau2EnvConfig(BaseModel):
         return [domains.get_task(self.domain, task_id) for task_id in self.task_ids]
 
     def episode_settings(self) -> EpisodeSettings:
-        return EpisodeSettings(
-            max_steps=self.max_steps,
-            max_errors=self.max_errors,
-            max_turns=self.max_turns,
-            user_params=self.user.responses_params(),
-            user_seed=self.user.seed,
-            user_empty_retries=self.user_empty_retries,
-            policy_retry=RetryConfig(),  # unused: the caller is the policy
-            user_retry=self.user_retry,
-            resources_retry=self.resources_retry,
-            user_strategy=self.user.strategy_config(),
-        )
+        return self.user.episode_settings(self)
 
 
 def _has_history(task) -> bool:

@@ -10,11 +10,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from nemo_tau2.generation.config import GenerationConfig
-from nemo_tau2.gym.agent.user_strategies import UserStrategyConfig
-from nemo_tau2.gym.http_client import RetryConfig
-from nemo_tau2.gym.stack import ModelServerKind
+from nemo_tau2.generation.validation import GREEDY_NOT_ALLOWED, GymGenerationConfig
+from nemo_tau2.gym.episode_config import NemoGymEnvConfig, UserSimulatorConfig
 from nemo_tau2.tau2_env import DOMAINS
+from nemo_tau2.utils.metrics_logger import LoggerConfig
 
 
 class _Strict(BaseModel):
@@ -25,8 +24,14 @@ class EvalSettings(_Strict):
     rollout_mode: Literal["nemo_gym", "single_turn"] = "nemo_gym"
     num_tests_per_prompt: int = Field(default=1, ge=1, description="Samples per task (n); any n >= 1.")
     k_values: list[int] = Field(default=[1], description="k of pass@k and pass^k; each must be <= n.")
+    metric: Literal["pass@k", "mean_reward"] = Field(
+        default="pass@k", description="NeMo-RL's headline metric: which one the table leads with (all are reported)."
+    )
     seed: int = 42
-    save_path: str = Field(description="Directory for config.json, rollouts.jsonl (resumable) and summary.json.")
+    save_path: str = Field(
+        description="Directory for config.json, rollouts.jsonl (resumable), summary.json and evaluation_data.json; "
+        "null: results/<config name>."
+    )
     max_concurrency: int = Field(default=64, ge=1, description="Episodes in flight at once.")
     bootstrap_samples: int = Field(default=1000, ge=0, description="Resamples for 95% intervals (0: none).")
     keep_transcripts: bool = Field(default=True, description="Write each episode's transcript into rollouts.jsonl.")
@@ -37,18 +42,31 @@ class EvalSettings(_Strict):
 
     @model_validator(mode="after")
     def _k_within_n(self) -> "EvalSettings":
-        bad = [k for k in self.k_values if not 1 <= k <= self.num_tests_per_prompt]
-        if bad or not self.k_values:
-            raise ValueError(
-                f"k_values {self.k_values} must be non-empty and within 1..num_tests_per_prompt "
-                f"({self.num_tests_per_prompt})"
+        n, problems = self.num_tests_per_prompt, []
+        if self.greedy and self.rollout_mode == "nemo_gym":
+            problems.append(f"greedy: {GREEDY_NOT_ALLOWED}")
+        too_big = [k for k in self.k_values if k > n]
+        if not self.k_values:
+            problems.append("k_values is empty; set eval.k_values=[1] (or any k from 1 to num_tests_per_prompt)")
+        elif any(k < 1 for k in self.k_values):
+            problems.append(f"k_values {self.k_values}: every k must be >= 1; set eval.k_values=[1]")
+        elif too_big:
+            fitting = [k for k in self.k_values if k <= n] or [1]
+            problems.append(
+                f"k_values {self.k_values}: k={', '.join(map(str, too_big))} exceed num_tests_per_prompt ({n}), "
+                "perhaps left over from a parent config; add the override "
+                f"eval.k_values=[{','.join(map(str, fitting))}] (or eval.num_tests_per_prompt={max(too_big)})"
             )
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
 
 class EvalData(_Strict):
     domains: list[str] | None = Field(default=None, description="nemo_gym: tau2 domains to evaluate.")
-    split: str = Field(default="test", description="nemo_gym: tau2 split (train, test, base; telecom also full).")
+    split: str | None = Field(
+        default="test", description="nemo_gym: tau2 split (train, test, base; telecom also full)."
+    )
     num_tasks: int | None = Field(default=None, ge=1, description="nemo_gym: the first N tasks of each domain.")
     task_ids: list[str] | None = Field(default=None, description="nemo_gym: only these task ids.")
     data_path: str | None = Field(
@@ -66,55 +84,17 @@ class EvalData(_Strict):
 
 
 class PolicyConfig(_Strict):
-    generation: GenerationConfig
-
-
-class UserSimulatorConfig(UserStrategyConfig):
-    """The simulated user's own endpoint (never the policy's), how it samples (tau2: temperature 0) and its
-    strategy (``strategy``, ``max_checks``: :mod:`nemo_tau2.gym.agent.user_strategies`)."""
-
-    generation: GenerationConfig
-    seed: int | None = Field(default=300, description="tau2's run seed; sample k gets tau2's trial-k seed.")
-
-    def responses_params(self) -> dict[str, Any]:
-        """The sampling parameters of every user-model request (the agent's ``user_responses_create_params``)."""
-        generation = self.generation
-        return {
-            "temperature": generation.temperature,
-            "top_p": generation.top_p,
-            "max_output_tokens": generation.max_new_tokens,
-        }
-
-    def strategy_config(self) -> UserStrategyConfig:
-        """The strategy part, as the agent server's ``user_strategy`` takes it."""
-        fields = self.model_dump(include=set(UserStrategyConfig.model_fields), exclude_unset=True)
-        return UserStrategyConfig.model_validate(fields)
-
-
-class NemoGymEnvConfig(_Strict):
-    """``env.nemo_gym``: the tau2 Gym servers."""
-
-    max_steps: int = Field(default=200, gt=0, description="tau2's max_steps (every message hop counts).")
-    max_errors: int = Field(default=10, gt=0)
-    max_turns: int | None = Field(default=None, gt=0, description="Policy turns before termination.")
-    user_empty_retries: int = Field(default=2, ge=0)
-    policy_model_server: ModelServerKind = Field(
-        default="fast_vllm_model",
-        description="Gym model server in front of the policy endpoint: fast_vllm_model (ours: vllm_model's "
-        "answers at a fraction of its CPU), NeMo-Gym's vllm_model, or openai_model (no token ids).",
-    )
-    user_model_server: ModelServerKind = Field(
-        default="fast_vllm_model", description="Gym model server in front of the user simulator's endpoint."
-    )
-    return_token_ids: bool = Field(default=False, description="Per-turn token ids and logprobs (training needs them).")
-    policy_retry: RetryConfig = RetryConfig()
-    user_retry: RetryConfig = RetryConfig()
-    session_idle_timeout_s: float = Field(default=1800.0, gt=0)
-    server_startup_timeout_s: float = Field(default=300.0, gt=0)
+    generation: GymGenerationConfig
 
 
 class EvalEnvConfig(_Strict):
     nemo_gym: NemoGymEnvConfig | None = None
+
+
+class EvalLoggerConfig(LoggerConfig):
+    """``logger``: where evaluation metrics go besides ``summary.json`` (GRPO's sinks, one step per run)."""
+
+    log_dir: str | None = Field(default=None, description="null: <eval.save_path>/logs.")
 
 
 class EvalMasterConfig(_Strict):
@@ -123,6 +103,7 @@ class EvalMasterConfig(_Strict):
     data: EvalData = EvalData()
     user: UserSimulatorConfig | None = None
     env: EvalEnvConfig = EvalEnvConfig()
+    logger: EvalLoggerConfig = EvalLoggerConfig()
 
     @model_validator(mode="after")
     def _mode_settings(self) -> "EvalMasterConfig":
@@ -130,31 +111,47 @@ class EvalMasterConfig(_Strict):
         if self.eval.rollout_mode == "nemo_gym":
             if self.eval.verifier is not None:
                 problems.append("eval.verifier applies only to rollout_mode=single_turn")
-            if self.user is None:
-                problems.append("user: rollout_mode=nemo_gym needs a user simulator endpoint (user.generation)")
             if not self.data.domains and not self.data.data_path:
                 problems.append("data.domains (or data.data_path with Gym rows) is required for nemo_gym rollouts")
+            if self.data.domains and not self.data.data_path and self.data.split is None:
+                problems.append("data.split is required with data.domains; set data.split=test (or train, base)")
             for key in ("prompt_key", "answer_key"):
                 if key in self.data.model_fields_set:
-                    problems.append(f"data.{key} applies only to rollout_mode=single_turn")
+                    problems.append(f"data.{key} applies only to rollout_mode=single_turn; remove it")
         else:
             if self.eval.verifier is None:
-                problems.append("eval.verifier is required for rollout_mode=single_turn (exact_match or contains)")
+                problems.append(
+                    "eval.verifier is required for rollout_mode=single_turn; add the override "
+                    "+eval.verifier=exact_match (or contains)"
+                )
             if self.user is not None:
-                problems.append("user applies only to rollout_mode=nemo_gym (single_turn has no simulated user)")
+                problems.append(
+                    "user applies only to rollout_mode=nemo_gym (single_turn has no simulated user); add the override "
+                    "user=null"
+                )
             if self.env.nemo_gym is not None:
-                problems.append("env.nemo_gym applies only to rollout_mode=nemo_gym")
+                problems.append(
+                    "env.nemo_gym applies only to rollout_mode=nemo_gym; add the override env.nemo_gym=null"
+                )
             if not self.data.data_path:
                 problems.append("data.data_path (a prompt/answer JSONL) is required for rollout_mode=single_turn")
-            for key in ("domains", "split", "num_tasks", "task_ids"):
-                if key in self.data.model_fields_set:
-                    problems.append(f"data.{key} applies only to rollout_mode=nemo_gym")
+            for key in ("domains", "num_tasks", "task_ids"):
+                if getattr(self.data, key) is not None:
+                    problems.append(
+                        f"data.{key} applies only to rollout_mode=nemo_gym; add the override data.{key}=null"
+                    )
+            if "split" in self.data.model_fields_set and self.data.split is not None:
+                problems.append("data.split applies only to rollout_mode=nemo_gym; add the override data.split=null")
         if problems:
             raise ValueError("; ".join(problems))
         return self
 
     def gym_env(self) -> NemoGymEnvConfig:
         return self.env.nemo_gym or NemoGymEnvConfig()
+
+    def user_simulator(self) -> UserSimulatorConfig:
+        """The ``user`` block, or (none given) a user simulator on the policy's endpoint with its sampling."""
+        return self.user or UserSimulatorConfig(generation=self.policy.generation)
 
 
 def as_plain(model: BaseModel) -> dict[str, Any]:

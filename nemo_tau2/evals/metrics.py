@@ -18,17 +18,18 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from numbers import Integral, Real
-from typing import Any, Literal, get_args
+from typing import Any
 
 import numpy as np
 
+from nemo_tau2.gym.agent.episode_record import EpisodeStatus
+
 logger = logging.getLogger(__name__)
 
-EpisodeStatus = Literal["ok", "infrastructure_error"]
-EPISODE_STATUSES: tuple[str, ...] = get_args(EpisodeStatus)
-INFRASTRUCTURE_ERROR = "infrastructure_error"
+EPISODE_STATUSES: tuple[str, ...] = tuple(EpisodeStatus)
+INFRASTRUCTURE_ERROR = EpisodeStatus.INFRASTRUCTURE_ERROR
 OVERALL, MACRO = "overall", "macro"
 DOMAIN_ORDER = ("airline", "retail", "telecom")
 
@@ -97,15 +98,16 @@ class EpisodeRecord:
     task_id: str
     success: bool | None
     reward: float | None
-    status: EpisodeStatus = "ok"
+    status: EpisodeStatus = EpisodeStatus.OK
     termination_reason: str | None = None
-    turns: int | None = None
-    tokens: int | None = None
+    num_turns: int | None = None
+    total_tokens: int | None = None
 
     def __post_init__(self) -> None:
         where = f"episode of task {self.domain}/{self.task_id}"
         if self.status not in EPISODE_STATUSES:
             raise ValueError(f"{where}: status must be one of {EPISODE_STATUSES}, got {self.status!r}")
+        self.status = EpisodeStatus(self.status)
         if self.status == INFRASTRUCTURE_ERROR:
             return
         if not isinstance(self.success, bool | np.bool_):
@@ -119,18 +121,19 @@ class EpisodeRecord:
 
     @classmethod
     def from_dict(cls, row: Mapping[str, Any]) -> "EpisodeRecord":
-        """Build a record from a results row (extra keys are ignored; missing required keys are an error)."""
-        missing = [key for key in ("domain", "task_id", "success", "reward") if key not in row]
+        """Build a record from a ``rollouts.jsonl`` line (a ``RolloutResult``'s fields, same names; extra keys are
+        ignored, a missing field is an error: no defaults stand in for it)."""
+        missing = [name for name in _RECORD_FIELDS if name not in row]
         if missing:
             raise ValueError(f"episode row is missing {missing}: {dict(row)!r}")
-        optional = ("status", "termination_reason", "turns", "tokens")
         return cls(
-            domain=str(row["domain"]),
-            task_id=str(row["task_id"]),
-            success=row["success"],
-            reward=row["reward"],
-            **{key: row[key] for key in optional if key in row},
+            **{name: row[name] for name in _RECORD_FIELDS}
+            | {"domain": str(row["domain"])}
+            | {"task_id": str(row["task_id"])}
         )
+
+
+_RECORD_FIELDS = tuple(f.name for f in fields(EpisodeRecord))
 
 
 @dataclass
@@ -222,7 +225,7 @@ def _bootstrap_means(per_domain: dict[str, np.ndarray], num_bootstrap: int, seed
 
 
 def _count_summary(prefix: str, records: list[EpisodeRecord], tasks: list[TaskResult], ks: Sequence[int]) -> dict:
-    valid = [r for r in records if r.status == "ok"]
+    valid = [r for r in records if r.status == EpisodeStatus.OK]
     out: dict[str, float] = {
         f"{prefix}/num_tasks": len(tasks),
         f"{prefix}/num_episodes": len(valid),
@@ -233,7 +236,7 @@ def _count_summary(prefix: str, records: list[EpisodeRecord], tasks: list[TaskRe
         out[f"{prefix}/num_tasks_excluded@{k}"] = sum(t.num_episodes < k for t in tasks)
     for reason, count in sorted(Counter(r.termination_reason or "unknown" for r in valid).items()):
         out[f"{prefix}/termination/{reason}"] = count
-    for name in ("turns", "tokens"):
+    for name in ("num_turns", "total_tokens"):
         known = [getattr(r, name) for r in valid if getattr(r, name) is not None]
         if known:
             out[f"{prefix}/mean_{name}"] = float(np.mean(known))

@@ -21,6 +21,7 @@ logger = logging.getLogger(__name__)
 ROLLOUTS_FILE = "rollouts.jsonl"
 SUMMARY_FILE = "summary.json"
 CONFIG_FILE = "config.json"
+EVALUATION_DATA_FILE = "evaluation_data.json"
 
 EpisodeKey = tuple[str, str, int]
 
@@ -56,12 +57,12 @@ class RolloutLog:
         latest: dict[EpisodeKey, dict[str, Any]] = {}
         for record in self.read():
             key = episode_key(record)
-            if record.get("status") == OK or latest.get(key, {}).get("status") != OK:
+            if record["status"] == OK or key not in latest or latest[key]["status"] != OK:
                 latest[key] = record
         return latest
 
     def done(self) -> set[EpisodeKey]:
-        return {key for key, record in self.latest().items() if record.get("status") == OK}
+        return {key for key, record in self.latest().items() if record["status"] == OK}
 
     def append(self, record: dict[str, Any]) -> None:
         self._log.append(record)
@@ -71,3 +72,36 @@ class RolloutLog:
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(self.latest().values())
+
+
+def write_evaluation_data(
+    save_dir: Path, records: list[dict[str, Any]], rows: list[dict[str, Any]], n: int, full_result: bool
+) -> None:
+    """NeMo-RL's ``evaluation_data.json`` for tools that read it: one entry per scored sample.
+
+    Each entry has NeMo-RL's keys: ``reward``, ``message_log`` (here the episode's transcript, the Responses
+    items the agent saw; token ids stay out), ``agent_ref``, ``extra_env_info`` (the Gym row), ``sample_index``
+    (task index x n + sample, as NeMo-RL numbers repeated rows) and, with ``eval.save_full_gym_result``,
+    ``full_result`` (transcript and tau2's reward breakdown). Infrastructure failures are not samples: they are
+    in ``rollouts.jsonl`` with their cause.
+    """
+    index = {(str(row["domain"]), str(row["task_id"])): (i, row) for i, row in enumerate(rows)}
+    entries = []
+    for record in records:
+        key = episode_key(record)
+        if record["status"] != OK or key[:2] not in index:
+            continue
+        task_index, row = index[key[:2]]
+        transcript = record.get("transcript") or []
+        entry = {
+            "reward": record["reward"],
+            "message_log": transcript,
+            "agent_ref": row.get("agent_ref"),
+            "extra_env_info": row,
+            "sample_index": task_index * n + key[2],
+        }
+        if full_result:
+            entry["full_result"] = {"transcript": transcript, "reward_info": record.get("reward_info")}
+        entries.append(entry)
+    entries.sort(key=lambda entry: entry["sample_index"])
+    write_json_atomic(save_dir / EVALUATION_DATA_FILE, {"evaluation_data": entries})

@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from nemo_tau2.config import redact_secrets
 from nemo_tau2.evals.config import EvalMasterConfig
-from nemo_tau2.evals.metrics import EpisodeRecord, compute_eval_metrics, format_summary_table
+from nemo_tau2.evals.metrics import EpisodeRecord, EpisodeStatus, compute_eval_metrics, format_summary_table
 from nemo_tau2.evals.results import CONFIG_FILE, SUMMARY_FILE, RolloutLog, write_json_atomic
 from nemo_tau2.generation.launch import start_generation
 
@@ -54,7 +54,8 @@ async def _generate_all(cfg: EvalMasterConfig, base_url: str, model: str, api_ke
                 "max_tokens": generation.max_new_tokens,
                 "user": f"single_turn|{domain}|{index}|{sample}",
             }
-            record = {"domain": domain, "task_id": str(index), "sample_index": sample}
+            record = {"domain": domain, "task_id": str(index), "sample_index": sample, "policy_model": model}
+            record |= {"termination_reason": None, "num_turns": None, "total_tokens": None}  # one generation
             async with gate:
                 try:
                     async with http.post(f"{base_url}/chat/completions", json=body) as response:
@@ -62,9 +63,19 @@ async def _generate_all(cfg: EvalMasterConfig, base_url: str, model: str, api_ke
                         response.raise_for_status()
                     text = payload["choices"][0]["message"].get("content") or ""
                     success = verify(cfg.eval.verifier, text, answer)
-                    record |= {"status": "ok", "success": success, "reward": float(success), "generation": text}
+                    record |= {
+                        "status": EpisodeStatus.OK,
+                        "success": success,
+                        "reward": float(success),
+                        "generation": text,
+                    }
                 except (aiohttp.ClientError, TimeoutError, KeyError, ValueError) as e:
-                    record |= {"status": "infrastructure_error", "success": None, "reward": None, "error": repr(e)}
+                    record |= {
+                        "status": EpisodeStatus.INFRASTRUCTURE_ERROR,
+                        "success": None,
+                        "reward": None,
+                        "error": repr(e),
+                    }
             log.append(record)
             progress.update(1)
 

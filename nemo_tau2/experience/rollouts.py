@@ -12,25 +12,31 @@ Each episode becomes a :class:`RolloutResult`: NeMo-RL's ``message_log`` (per po
 generator saw and produced), tau2's reward and components, ``success``, termination, token counts and timings.
 An episode whose servers failed is a result with ``status="infrastructure_error"`` and no reward: callers exclude
 it (evaluation counts it apart, GRPO drops it), never score it 0.
+
+A caller that wants to watch passes ``on_progress``: every ``progress_interval_s`` it gets a
+:class:`RolloutProgress` (episodes done and running, and the model turns and tokens the agent servers report from
+``GET /progress`` while episodes are still going). The results are the same with or without it.
 """
 
 import asyncio
 import copy
 import logging
 import statistics
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 import orjson
 
-from nemo_tau2.experience.contiguity import check_contiguity
+from nemo_tau2.experience.progress import ProgressWatch, RolloutProgress
+from nemo_tau2.generation.config import GenerationConfig
+from nemo_tau2.gym.agent.episode_record import EpisodeData, EpisodeStatus
 
 logger = logging.getLogger(__name__)
 
-OK = "ok"
-INFRASTRUCTURE_ERROR = "infrastructure_error"
+OK = EpisodeStatus.OK
+INFRASTRUCTURE_ERROR = EpisodeStatus.INFRASTRUCTURE_ERROR
 NORMAL_TERMINATIONS = frozenset({"user_stop", "agent_stop"})
 COMPONENT_KEYS = (
     "db_match",
@@ -50,6 +56,11 @@ class SamplingParams:
     max_new_tokens: int | None = None
     top_k: int | None = None
 
+    @classmethod
+    def from_generation(cls, generation: GenerationConfig) -> "SamplingParams":
+        """The sampling parameters of a generation block (the one way eval and GRPO build them)."""
+        return cls(generation.temperature, generation.top_p, generation.max_new_tokens, generation.top_k)
+
     def __post_init__(self) -> None:
         if self.top_k is not None:
             raise ValueError(f"top_k must be None for NeMo-Gym rollouts (not OpenAI-compatible), got {self.top_k}")
@@ -57,14 +68,16 @@ class SamplingParams:
 
 @dataclass
 class RolloutResult:
-    """One episode. ``reward``/``success`` are None exactly when ``status`` is an infrastructure error."""
+    """One episode: the agent's :class:`EpisodeData` fields under the same names, tau2's verdict, and NeMo-RL's
+    ``message_log``. ``reward``/``success`` are None exactly when ``status`` is an infrastructure error."""
 
     row_index: int
     group_index: int
     sample_index: int
     domain: str
     task_id: str
-    status: str
+    status: EpisodeStatus
+    policy_model: str | None = None
     reward: float | None = None
     success: bool | None = None
     reward_components: dict[str, Any] = field(default_factory=dict)
@@ -79,8 +92,8 @@ class RolloutResult:
     num_tool_errors: int = 0
     num_truncated_generations: int = 0
     user_simulator: dict[str, Any] = field(default_factory=dict)  # the user strategy's model calls and fallbacks
-    prompt_tokens: int = 0  # the first turn's prompt
-    total_tokens: int = 0  # prompt + every generation (what training sees)
+    prompt_tokens: int = 0  # the first policy turn's prompt
+    total_tokens: int = 0  # the last turn's prompt + generation: the whole sequence
     generation_tokens: int = 0
     timings: dict[str, float] = field(default_factory=dict)
     full_result: dict[str, Any] | None = None  # the agent's /run answer (transcript, reward info)
@@ -114,33 +127,35 @@ def apply_sampling_params(row: dict, sampling: SamplingParams) -> dict:
     return row
 
 
-def message_log_from_output(output: list[dict]) -> tuple[list[dict], list[str]]:
+def message_log_from_output(output: list[dict], first_break_turn: int | None) -> list[dict]:
     """NeMo-RL's message log from a transcript's policy turns (items carrying ``generation_token_ids``).
 
-    Stops at the first turn whose prompt does not extend what came before (token ids would no longer be the
-    sequence the model saw); the breaks are returned so callers can drop or report the episode.
+    Stops at ``first_break_turn``, the first turn whose prompt does not extend what came before (the agent found it:
+    :class:`TokenContiguity`), since from there token ids would no longer be the sequence the model saw.
     """
     turns = [
         (item["prompt_token_ids"], item["generation_token_ids"], item.get("generation_log_probs") or [])
         for item in output
         if item.get("generation_token_ids")
     ]
-    breaks = check_contiguity([(prompt, generated) for prompt, generated, _ in turns])
-    first_break = min((b.turn for b in breaks), default=len(turns))
     log, seen = [], 0
-    for prompt, generated, logprobs in turns[:first_break]:
+    for prompt, generated, logprobs in turns[:first_break_turn]:
         log.append({"role": "user", "content": "", "token_ids": list(prompt[seen:])})
         log.append(
             {"role": "assistant", "content": "", "token_ids": list(generated), "generation_logprobs": list(logprobs)}
         )
         seen = len(prompt) + len(generated)
-    return log, [str(b) for b in breaks]
+    return log
 
 
 def result_from_response(
     row: dict, row_index: int, group_index: int, sample_index: int, status_code: int, body: Any, keep_full_result: bool
 ) -> RolloutResult:
-    """Turn the agent's answer into a :class:`RolloutResult` (a non-200 is an infrastructure error)."""
+    """Turn the agent's answer into a :class:`RolloutResult` (a non-200 is an infrastructure error).
+
+    The episode fields are read as :class:`EpisodeData` (a missing or renamed field fails loudly) and keep their
+    names; an answer that is not an agent's episode at all (a connection error, a proxy's page) is an
+    infrastructure error with what came back."""
     base = {
         "row_index": row_index,
         "group_index": group_index,
@@ -148,39 +163,39 @@ def result_from_response(
         "domain": str(row.get("domain")),
         "task_id": str(row.get("task_id")),
     }
-    if status_code != 200 or not isinstance(body, dict) or body.get("status", OK) != OK:
+    if status_code != 200 or not isinstance(body, dict) or body.get("status") != EpisodeStatus.OK:
         error = body.get("error") if isinstance(body, dict) else None
         detail = error or (body.get("detail") if isinstance(body, dict) else None) or str(body)[:500]
         return RolloutResult(
             **base,
-            status=INFRASTRUCTURE_ERROR,
+            status=EpisodeStatus.INFRASTRUCTURE_ERROR,
+            policy_model=body.get("policy_model") if isinstance(body, dict) else None,
             error=f"agent /run HTTP {status_code}: {detail}",
             full_result=body if keep_full_result and isinstance(body, dict) else None,
         )
-    output = (body.get("response") or {}).get("output") or []
-    log, breaks = message_log_from_output(output)
-    generated = sum(len(m["token_ids"]) for m in log if m["role"] == "assistant")
-    total = sum(len(m["token_ids"]) for m in log)
+    data = EpisodeData.from_response(body)
+    output = body["response"]["output"]
     return RolloutResult(
         **base,
-        status=OK,
+        status=data.status,
+        policy_model=data.policy_model,
         reward=float(body["reward"]),
         success=bool(body["success"]),
-        reward_components={key: body.get(key) for key in COMPONENT_KEYS},
-        termination_reason=body.get("termination_reason"),
-        truncated_by=body.get("truncated_by"),
-        message_log=log,
-        token_contiguity_breaks=breaks,
-        num_turns=body.get("num_turns", 0),
-        num_user_turns=body.get("num_user_turns", 0),
-        num_steps=body.get("num_steps", 0),
-        num_tool_errors=body.get("num_errors", 0),
-        num_truncated_generations=body.get("num_truncated_generations", 0),
-        user_simulator=body.get("user_simulator") or {},
-        prompt_tokens=len(log[0]["token_ids"]) if log else 0,
-        total_tokens=total,
-        generation_tokens=generated,
-        timings=body.get("timings") or {},
+        reward_components={key: body[key] for key in COMPONENT_KEYS},
+        termination_reason=data.termination_reason,
+        truncated_by=data.truncated_by,
+        message_log=message_log_from_output(output, data.token_contiguity.first_break_turn),
+        token_contiguity_breaks=data.token_contiguity.breaks,
+        num_turns=data.num_turns,
+        num_user_turns=data.num_user_turns,
+        num_steps=data.num_steps,
+        num_tool_errors=data.num_tool_errors,
+        num_truncated_generations=data.num_truncated_generations,
+        user_simulator=data.user_simulator,
+        prompt_tokens=data.prompt_tokens,
+        total_tokens=data.total_tokens,
+        generation_tokens=data.generation_tokens,
+        timings=data.timings,
         full_result=body if keep_full_result else None,
     )
 
@@ -210,6 +225,8 @@ async def run_async_nemo_gym_rollout(
     max_concurrency: int = 256,
     keep_full_result: bool = False,
     request_timeout_s: float = 7200.0,
+    on_progress: Callable[[RolloutProgress], None] | None = None,
+    progress_interval_s: float = 1.0,
 ) -> AsyncIterator[RolloutGroup]:
     """Roll out every row; yield each prompt group once all its ``num_generations`` episodes are done.
 
@@ -223,6 +240,7 @@ async def run_async_nemo_gym_rollout(
         max_concurrency: episodes in flight at once.
         keep_full_result: keep the agent's whole answer (transcript, reward info) on each result.
         request_timeout_s: bound on one whole episode (the agent has its own per-call limits).
+        on_progress: called every ``progress_interval_s`` (from the event loop: keep it quick) and once at the end.
     """
     _check_batch(rows, num_generations)
     gate = asyncio.Semaphore(max_concurrency)
@@ -238,6 +256,8 @@ async def run_async_nemo_gym_rollout(
             if name not in agent_urls:
                 raise ValueError(f"row {row_index} names agent {name!r}; running agents: {sorted(agent_urls)}")
             async with gate:
+                if watch:
+                    watch.running += 1
                 try:
                     async with http.post(
                         f"{agent_urls[name]}/run", data=orjson.dumps(row), headers={"Content-Type": "application/json"}
@@ -247,12 +267,22 @@ async def run_async_nemo_gym_rollout(
                     body = orjson.loads(raw)
                 except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as e:
                     status, body = 0, {"error": f"{type(e).__name__}: {e}"}
+                finally:
+                    if watch:
+                        watch.running -= 1
+                        watch.done += 1
+                        watch.notify()
             return result_from_response(
                 row, row_index, group_index, row["sample_index"], status, body, keep_full_result
             )
 
+        watch = None
+        if on_progress is not None:
+            watch = ProgressWatch(http, list(agent_urls.values()), len(rows), on_progress, progress_interval_s)
+            await watch.start()
         pending: dict[int, list[RolloutResult | None]] = {}
         tasks = [asyncio.create_task(episode(i)) for i in range(len(rows))]
+        watching = asyncio.create_task(watch.run_forever()) if watch else None
         try:
             for finished in asyncio.as_completed(tasks):
                 result = await finished
@@ -260,9 +290,13 @@ async def run_async_nemo_gym_rollout(
                 slots[result.row_index % num_generations] = result
                 if all(slot is not None for slot in slots):
                     yield RolloutGroup(result.group_index, pending.pop(result.group_index))
+            if watch:
+                await watch.report()
         finally:
             for task in tasks:
                 task.cancel()
+            if watching:
+                watching.cancel()
 
 
 def run_nemo_gym_rollout_sync(

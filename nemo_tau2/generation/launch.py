@@ -15,6 +15,7 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
+from importlib.metadata import entry_points
 from typing import Any
 
 from nemo_tau2.generation.config import GenerationConfig, HfConfig, LlamacppConfig, OpenAIConfig
@@ -238,7 +239,15 @@ def _start_vllm(cfg: GenerationConfig) -> GenerationHandle:
     )
 
 
-def _start_openai(cfg: OpenAIConfig) -> GenerationHandle:
+def register_api_key(cfg: GenerationConfig) -> str | None:
+    """The API key an ``openai`` backend's config names (None for other backends), registered as a secret so that
+    no child process inherits it: call it before starting any process (the Gym servers' fork server does)."""
+    if cfg.backend != "openai" or cfg.openai_cfg is None:
+        return None
+    return _openai_api_key(cfg.openai_cfg)
+
+
+def _openai_api_key(cfg: OpenAIConfig) -> str:
     api_key = LOCAL_API_KEY
     if cfg.api_key_env is not None:
         api_key = os.environ.get(cfg.api_key_env, "")
@@ -248,6 +257,11 @@ def _start_openai(cfg: OpenAIConfig) -> GenerationHandle:
                 "is not set or empty; export it with the endpoint's API key"
             )
         register_secret(api_key)  # child processes (local servers, Gym servers) do not inherit it
+    return api_key
+
+
+def _start_openai(cfg: OpenAIConfig) -> GenerationHandle:
+    api_key = _openai_api_key(cfg)
     base_url = cfg.base_url.rstrip("/")
     if cfg.health_check:
         request = urllib.request.Request(f"{base_url}/models", headers={"Authorization": f"Bearer {api_key}"})
@@ -266,14 +280,19 @@ def _start_openai(cfg: OpenAIConfig) -> GenerationHandle:
     return GenerationHandle(backend="openai", base_urls=[base_url], model_name=cfg.model, api_key=api_key)
 
 
-def _start_fake(cfg: GenerationConfig) -> GenerationHandle:
-    """The project's scripted fake model server in its own process (tests and CPU smoke runs, no real model)."""
-    from nemo_tau2.testing import FakeServerConfig, start_fake_server
+BACKEND_ENTRY_POINTS = "nemo_tau2.generation_backends"
+"""Entry-point group of backends other packages provide: ``name = "module:start"``, ``start(cfg) -> handle``.
+The scripted fake (``backend: fake``) is one, provided by ``nemo_tau2.testing`` (see pyproject.toml)."""
 
-    fake = start_fake_server(FakeServerConfig.model_validate(cfg.fake_cfg or {}), mode="subprocess")
-    return GenerationHandle(
-        backend="fake", base_urls=[fake.base_url], model_name=cfg.model_name or "fake", stop=fake.close, engine=fake
-    )
+
+def _start_plugin(cfg: GenerationConfig) -> GenerationHandle:
+    found = [point for point in entry_points(group=BACKEND_ENTRY_POINTS) if point.name == cfg.backend]
+    if not found:
+        raise GenerationStartupError(
+            f"policy.generation.backend {cfg.backend!r}: no installed package provides it (entry-point group "
+            f"{BACKEND_ENTRY_POINTS!r}); reinstall the project (uv sync)"
+        )
+    return found[0].load()(cfg)
 
 
 def start_generation(cfg: GenerationConfig, *, model: Any = None, tokenizer: Any = None) -> GenerationHandle:
@@ -301,5 +320,5 @@ def start_generation(cfg: GenerationConfig, *, model: Any = None, tokenizer: Any
         case "openai":
             assert cfg.openai_cfg is not None
             return _start_openai(cfg.openai_cfg)
-        case "fake":
-            return _start_fake(cfg)
+        case _:
+            return _start_plugin(cfg)

@@ -1,70 +1,90 @@
-"""Checks a generation config against the constraints of NeMo-Gym rollouts, listing every violation at once.
+"""The gym rules of a generation block, as a validator on the config model: :class:`GymGenerationConfig`.
 
-NeMo-RL enforces these with asserts scattered over ``run_async_nemo_gym_rollout``, ``setup_nemo_gym_config`` and
-its vLLM server (see /work/shared/reference/nemo_rl.md §5): the first one hit stops the run. Evaluation and GRPO
-call :func:`validate_gym_generation_config` before starting anything, so a user fixes a config in one go.
+Every block that drives NeMo-Gym rollouts (the policy's and the user simulator's, in evaluation and GRPO alike) is a
+``GymGenerationConfig``, so the rules run wherever such a config is built. NeMo-RL enforces the same rules with
+asserts scattered over ``run_async_nemo_gym_rollout``, ``setup_nemo_gym_config`` and its vLLM server (see
+/work/shared/reference/nemo_rl.md §5), the first one hit stopping the run; here every broken rule of a block is
+reported at once, each naming its key.
 """
 
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 
 from nemo_tau2.generation.config import GenerationConfig
 from nemo_tau2.generation.errors import GenerationConfigError
 
 
-def _is_set(value: Any) -> bool:
-    return value is not None and value != [] and value != ""
-
-
-def gym_rule_violations(raw: Mapping[str, Any], *, greedy: bool = False, key: str) -> list[str]:
-    """The gym-rollout rules broken by ``raw`` (a `policy.generation` mapping), each as ``<key path>: <problem>``."""
+def gym_rule_violations(cfg: GenerationConfig) -> list[str]:
+    """The gym-rollout rules ``cfg`` breaks, each as ``<key>: <problem>`` (keys relative to the block)."""
     found: list[str] = []
-    if raw.get("top_k") is not None:
+    if cfg.top_k is not None:
         found.append(
-            f"{key}.top_k: must be null for gym rollouts (OpenAI-compatible endpoints have no top_k), "
-            f"got {raw['top_k']!r}"
+            f"top_k: must be null for gym rollouts (OpenAI-compatible endpoints have no top_k), got {cfg.top_k!r}"
         )
     for name in ("stop_strings", "stop_token_ids"):
-        if _is_set(raw.get(name)):
+        if getattr(cfg, name):
             found.append(
-                f"{key}.{name}: must be null for gym rollouts (the endpoint stops at end of turn; stop sequences "
-                f"would cut tool calls and break token bookkeeping), got {raw[name]!r}"
+                f"{name}: must be null for gym rollouts (the endpoint stops at end of turn; stop sequences "
+                f"would cut tool calls and break token bookkeeping), got {getattr(cfg, name)!r}"
             )
     for name in ("temperature", "top_p"):
-        if raw.get(name) is None:
+        if getattr(cfg, name) is None:
             found.append(
-                f"{key}.{name}: must be given explicitly for gym rollouts (every request sends it; a server default "
+                f"{name}: must be given explicitly for gym rollouts (every request sends it; a server default "
                 f"would make sampling differ between backends)"
             )
-    if greedy:
-        found.append(
-            f"{key}: greedy decoding is not allowed with gym rollouts; set temperature (e.g. 0.0) and top_p instead"
-        )
-    if raw.get("backend") == "vllm":
-        vllm_cfg = raw.get("vllm_cfg") or {}
-        if isinstance(vllm_cfg, Mapping):
-            for name in ("async_engine", "expose_http_server"):
-                if vllm_cfg.get(name, True) is not True:
-                    found.append(
-                        f"{key}.vllm_cfg.{name}: must be true for gym rollouts (agents call the policy over HTTP), "
-                        f"got {vllm_cfg[name]!r}"
-                    )
+    if cfg.backend == "vllm":
+        vllm_cfg = cfg.backend_block
+        for name in ("async_engine", "expose_http_server"):
+            if getattr(vllm_cfg, name) is not True:
+                found.append(
+                    f"vllm_cfg.{name}: must be true for gym rollouts (agents call the policy over HTTP), "
+                    f"got {getattr(vllm_cfg, name)!r}"
+                )
     return found
+
+
+class GymGenerationConfig(GenerationConfig):
+    """A generation block that drives NeMo-Gym rollouts: :func:`gym_rule_violations` is its validator."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_a_plain_block(cls, data: Any) -> Any:
+        """A plain :class:`GenerationConfig` built in code is checked as the block it was written as."""
+        if isinstance(data, GenerationConfig) and not isinstance(data, cls):
+            return data.model_dump(exclude_unset=True)
+        return data
+
+    @model_validator(mode="after")
+    def _gym_rules(self) -> "GymGenerationConfig":
+        problems = gym_rule_violations(self)
+        if problems:  # one error per rule, each naming its key, in the message: "<key>: <problem>" per line
+            raise PydanticCustomError(GYM_RULES_ERROR, "{problems}", {"problems": "\n".join(problems)})
+        return self
+
+
+GYM_RULES_ERROR = "gym_rules"
+
+
+def gym_rule_lines(error: Mapping[str, Any], path: str) -> list[str]:
+    """The lines of a :class:`GymGenerationConfig` error at ``path``: ``<path>.<key>: <problem>`` per rule."""
+    return [f"{path}.{line}" for line in error["ctx"]["problems"].splitlines()]
 
 
 def _format_pydantic_errors(error: ValidationError, key: str) -> list[str]:
     lines = []
     for item in error.errors():
         path = ".".join(str(part) for part in (key, *item["loc"]))
-        lines.append(f"{path}: {item['msg']} (got {item.get('input')!r})")
+        lines += gym_rule_lines(item, path) if item["type"] == GYM_RULES_ERROR else [f"{path}: {item['msg']}"]
     return lines
 
 
 def validate_gym_generation_config(
     cfg: GenerationConfig | Mapping[str, Any], *, greedy: bool = False, key: str = "policy.generation"
-) -> GenerationConfig:
+) -> GymGenerationConfig:
     """Parse ``cfg`` and check it can drive NeMo-Gym rollouts; report every problem in one error.
 
     Args:
@@ -72,25 +92,21 @@ def validate_gym_generation_config(
         greedy: The rollout's ``greedy`` flag (NeMo-RL asserts it is false on the gym path).
         key: Where the block sits in the user's config, used in messages (e.g. ``generation`` for evaluation).
 
-    Returns:
-        The parsed config.
-
     Raises:
         GenerationConfigError: Listing every structural error and every broken gym rule, one per line.
     """
-    parsed: GenerationConfig | None = None
+    raw = cfg.model_dump(exclude_unset=True) if isinstance(cfg, GenerationConfig) else dict(cfg)
     violations: list[str] = []
-    if isinstance(cfg, GenerationConfig):
-        parsed = cfg
-        raw: Mapping[str, Any] = cfg.model_dump()
-    else:
-        raw = cfg
-        try:
-            parsed = GenerationConfig.model_validate(dict(cfg))
-        except ValidationError as e:
-            violations.extend(_format_pydantic_errors(e, key))
-    violations.extend(gym_rule_violations(raw, greedy=greedy, key=key))
+    parsed = None
+    try:
+        parsed = GymGenerationConfig.model_validate(raw)
+    except ValidationError as e:
+        violations += _format_pydantic_errors(e, key)
+    if greedy:
+        violations.append(f"{key}: {GREEDY_NOT_ALLOWED}")
     if violations:
         raise GenerationConfigError(violations)
-    assert parsed is not None
     return parsed
+
+
+GREEDY_NOT_ALLOWED = "greedy decoding is not allowed with gym rollouts; set temperature (e.g. 0.0) and top_p instead"

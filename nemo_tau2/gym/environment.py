@@ -2,7 +2,8 @@
 
 ``Tau2Environment`` starts the policy endpoint and the user-simulator endpoint (any generation backend), then the
 four NeMo-Gym servers (resources, agent, a model server in front of each endpoint) on free ports on 127.0.0.1,
-waits until every one answers, and stops them in reverse order on exit, Ctrl-C or error. Everything runs from the
+waits until every one answers, and stops them in reverse order on exit, Ctrl-C or error. The Gym servers' fork
+server starts first, so their imports overlap the endpoints' start-up. Everything runs from the
 project's environment. GRPO passes the policy endpoint it already serves (the weights being trained) instead of a
 config.
 
@@ -10,33 +11,47 @@ config.
 """
 
 import logging
+import tempfile
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from nemo_tau2.generation.config import GenerationConfig
-from nemo_tau2.generation.launch import GenerationHandle, start_generation
-from nemo_tau2.gym.launch import GymServers
-from nemo_tau2.gym.stack import AGENT, ModelEndpoint, ModelServerKind, tau2_stack
+from nemo_tau2.generation.launch import GenerationHandle, register_api_key, start_generation
+from nemo_tau2.generation.validation import GymGenerationConfig
+from nemo_tau2.gym.episode_config import EpisodeSettings, NemoGymEnvConfig, UserSimulatorConfig
+from nemo_tau2.gym.fork_server import ForkServer
+from nemo_tau2.gym.launch import FORK_SERVER_LOG, GymServers
+from nemo_tau2.gym.stack import AGENT, ModelEndpoint, tau2_stack, tau2_stack_classes
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class Tau2EnvironmentSpec:
-    """What to start. ``policy`` is a generation config, or an endpoint that is already being served."""
+    """What to start. ``policy`` is a generation config, or an endpoint that is already being served; ``user``
+    None puts the user simulator on the policy's endpoint (NeMo-Gym's tau2 agent does so by default)."""
 
     policy: GenerationConfig | GenerationHandle
-    user: GenerationConfig
+    user: UserSimulatorConfig | GenerationConfig | None  # a bare generation block: the user block's defaults
     domains: list[str]
-    agent_config: dict[str, Any] = field(default_factory=dict)  # Tau2AgentConfig fields
-    resources_config: dict[str, Any] = field(default_factory=dict)  # Tau2ResourcesServerConfig fields
-    policy_model_server: ModelServerKind = "fast_vllm_model"
-    user_model_server: ModelServerKind = "fast_vllm_model"
-    return_token_ids: bool = False
+    gym: NemoGymEnvConfig = field(default_factory=NemoGymEnvConfig)  # episode limits, server kinds, timeouts
     log_dir: str | Path | None = None
-    startup_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:  # the gym rules hold for every block that drives these servers
+        if isinstance(self.policy, GenerationConfig) and not isinstance(self.policy, GymGenerationConfig):
+            self.policy = GymGenerationConfig.model_validate(self.policy.model_dump(exclude_unset=True))
+        self.user_on_policy_endpoint = self.user is None
+        if self.user is None:
+            if not isinstance(self.policy, GenerationConfig):
+                raise ValueError("user=None puts the user simulator on the policy's endpoint: give a policy config")
+            self.user = UserSimulatorConfig(generation=self.policy.model_dump(exclude_unset=True))
+        elif not isinstance(self.user, UserSimulatorConfig):
+            self.user = UserSimulatorConfig(generation=self.user.model_dump(exclude_unset=True))
+
+    def episode_settings(self) -> EpisodeSettings:
+        """The agent server's episode settings: ``gym``'s limits played with ``user``."""
+        return self.user.episode_settings(self.gym)
 
 
 class Tau2Environment:
@@ -56,28 +71,53 @@ class Tau2Environment:
 
     def start(self) -> "Tau2Environment":
         try:
+            gym = self.spec.gym
+            for generation in (self.spec.policy, self.spec.user.generation):
+                if isinstance(generation, GenerationConfig):
+                    register_api_key(generation)  # before any process starts: none may inherit the key
+            log_dir = Path(self.spec.log_dir or tempfile.mkdtemp(prefix="nemo_tau2_servers_"))
+            fork_server = ForkServer(
+                tau2_stack_classes(gym.policy_model_server, gym.user_model_server), log_dir / FORK_SERVER_LOG
+            )
+            self._stack.callback(fork_server.stop)  # until the servers own it (stopping twice is harmless)
             if isinstance(self.spec.policy, GenerationHandle):
                 self.policy = self.spec.policy  # owned by the caller
             else:
                 self.policy = self._stack.enter_context(start_generation(self.spec.policy))
-            self.user = self._stack.enter_context(start_generation(self.spec.user))
+            if self.spec.user_on_policy_endpoint:
+                self.user = self.policy
+            else:
+                self.user = self._stack.enter_context(start_generation(self.spec.user.generation))
+            kwargs = gym.policy_chat_template_kwargs
+            template_kwargs = {"chat_template_kwargs": kwargs} if kwargs else {}
             specs = tau2_stack(
                 ModelEndpoint(
                     self.policy.base_urls,
                     self.policy.model_name,
                     self.policy.api_key,
-                    server=self.spec.policy_model_server,
-                    return_token_ids=self.spec.return_token_ids,
+                    server=gym.policy_model_server,
+                    return_token_ids=gym.return_token_ids,
+                    extra=template_kwargs,
                 ),
                 ModelEndpoint(
-                    self.user.base_urls, self.user.model_name, self.user.api_key, server=self.spec.user_model_server
+                    self.user.base_urls,
+                    self.user.model_name,
+                    self.user.api_key,
+                    server=gym.user_model_server,
+                    # the same model when the user shares the policy's endpoint: the same template arguments
+                    extra=template_kwargs
+                    if self.spec.user_on_policy_endpoint and gym.user_model_server != "openai_model"
+                    else {},
                 ),
                 domains=self.spec.domains,
-                agent_config=self.spec.agent_config,
-                resources_config=self.spec.resources_config,
+                # The server process reads its config from YAML: the one schema, dumped whole at that boundary.
+                agent_config=self.spec.episode_settings().model_dump(mode="json", exclude_unset=True),
+                resources_config={"session_idle_timeout_s": gym.session_idle_timeout_s},
             )
             self.servers = self._stack.enter_context(
-                GymServers(specs, log_dir=self.spec.log_dir, startup_timeout_s=self.spec.startup_timeout_s)
+                GymServers(
+                    specs, log_dir=log_dir, startup_timeout_s=gym.server_startup_timeout_s, fork_server=fork_server
+                )
             )
             logger.info(
                 "tau2 environment up: agent at %s, server logs in %s", self.servers.url(AGENT), self.servers.log_dir

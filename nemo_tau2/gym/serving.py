@@ -7,6 +7,8 @@ the same global config dict (instances keyed by name, ``<server_type>: <impl>: {
 server classes and FastAPI apps, served by uvicorn in a subprocess of the project's environment.
 
 Run one instance: ``NEMO_GYM_CONFIG_DICT=<yaml> python -m nemo_tau2.gym.serving <instance_name> <module:Class>``.
+The launcher runs the same :func:`main` in a process forked from a warm parent (:mod:`nemo_tau2.gym.fork_server`).
+Each server logs at INFO: a line per request (uvicorn's access log) and every error with its traceback.
 """
 
 import argparse
@@ -44,13 +46,12 @@ def instance_config(global_config: DictConfig, instance_name: str) -> dict[str, 
     return OmegaConf.to_container(impl_block, resolve=True) | {"name": instance_name}
 
 
-def build_server(server_class: type, instance_name: str, global_config: DictConfig):
+def build_server(server_class: type, instance_name: str, global_config: DictConfig, secrets: dict[str, Any]):
     """Construct a NeMo-Gym server object the way ``run_webserver`` does, minus Ray."""
     from nemo_gym.config_types import BaseServerConfig
     from nemo_gym.server_utils import ServerClient
 
     config_class = server_class.model_fields["config"].annotation
-    secrets = json.loads(os.environ.pop(SECRETS_ENV, "{}"))  # popped: not passed on to anything this server starts
     config = config_class.model_validate(_merged(instance_config(global_config, instance_name), secrets))
     head = global_config.get("head_server") or {"host": "127.0.0.1", "port": 0}
     client = ServerClient(
@@ -95,19 +96,43 @@ def load_class(path: str) -> type:
     return getattr(importlib.import_module(module_name), class_name)
 
 
-def main(argv: list[str] | None = None) -> None:
+def preload_class(path: str) -> type:
+    """Import a server class and let it load what every instance will need (its ``preload()`` classmethod, if
+    any), so that the servers a fork server forks share it."""
+    server_class = load_class(path)
+    preload = getattr(server_class, "preload", None)
+    if callable(preload):
+        preload()
+    return server_class
+
+
+def preload_serving() -> None:
+    """Import what :func:`main` needs besides the server classes (for a fork server to share)."""
+    import fastapi  # noqa: F401
+    import uvicorn.lifespan.on  # noqa: F401
+    import uvicorn.logging  # noqa: F401
+    import uvicorn.loops.auto  # noqa: F401
+    import uvicorn.protocols.http.auto  # noqa: F401
+    import uvicorn.protocols.websockets.auto  # noqa: F401
+
+
+def main(argv: list[str] | None = None, secrets: dict[str, Any] | None = None) -> None:
+    """Serve one instance until SIGTERM/SIGINT. ``secrets``: its secret config keys (default: :data:`SECRETS_ENV`,
+    popped so that nothing this server starts inherits it)."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("instance_name")
     parser.add_argument("server_class", help="module:Class of a NeMo-Gym SimpleServer subclass")
-    parser.add_argument("--log-level", default="warning")
+    parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
     if CONFIG_DICT_ENV not in os.environ:
         sys.exit(f"{CONFIG_DICT_ENV} is not set: this module is started by nemo_tau2.gym.launch with the config")
+    if secrets is None:
+        secrets = json.loads(os.environ.pop(SECRETS_ENV, "{}"))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     os.environ[CONFIG_PATH_ENV] = args.instance_name
     global_config = OmegaConf.create(os.environ[CONFIG_DICT_ENV])
     try:
-        server = build_server(load_class(args.server_class), args.instance_name, global_config)
+        server = build_server(load_class(args.server_class), args.instance_name, global_config, secrets)
     except ValidationError as e:
         sys.exit(f"config error in server {args.instance_name!r}: {describe_validation_error(e)}")
     except (KeyError, ValueError) as e:
@@ -116,6 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
     config = instance_config(global_config, args.instance_name)
+    logger.info("%s (%s) listening on %s:%s", args.instance_name, args.server_class, config["host"], config["port"])
     uvicorn.run(
         app,
         host=config["host"],

@@ -18,6 +18,8 @@ AGENT = "tau2_agent"
 POLICY_MODEL = "policy_model"
 USER_MODEL = "user_model"
 
+RESOURCES_SERVER_CLASS = "nemo_tau2.gym.resources_server.app:Tau2ResourcesServer"
+AGENT_CLASS = "nemo_tau2.gym.agent.app:Tau2Agent"
 _MODEL_SERVER_CLASSES = {
     "vllm_model": "responses_api_models.vllm_model.app:VLLMModel",
     "fast_vllm_model": "nemo_tau2.gym.model_server.app:FastVLLMModel",
@@ -59,6 +61,14 @@ def model_server_spec(name: str, endpoint: ModelEndpoint) -> ServerSpec:
     )
 
 
+def tau2_stack_classes(policy_server: ModelServerKind, user_server: ModelServerKind) -> list[str]:
+    """The server classes of :func:`tau2_stack` (known before the endpoints are: a fork server can warm up)."""
+    return sorted(
+        {RESOURCES_SERVER_CLASS, AGENT_CLASS}
+        | {_MODEL_SERVER_CLASSES[policy_server], _MODEL_SERVER_CLASSES[user_server]}
+    )
+
+
 def tau2_stack(
     policy: ModelEndpoint,
     user: ModelEndpoint,
@@ -80,10 +90,10 @@ def tau2_stack(
             RESOURCES_SERVER,
             "resources_servers",
             "tau2",
-            "nemo_tau2.gym.resources_server.app:Tau2ResourcesServer",
+            RESOURCES_SERVER_CLASS,
             {"domain": "agent", "domains": domains, **(resources_config or {})},
         ),
-        ServerSpec(AGENT, "responses_api_agents", "tau2_agent", "nemo_tau2.gym.agent.app:Tau2Agent", agent),
+        ServerSpec(AGENT, "responses_api_agents", "tau2_agent", AGENT_CLASS, agent),
         model_server_spec(POLICY_MODEL, policy),
         model_server_spec(USER_MODEL, user),
     ]

@@ -200,7 +200,7 @@ def oracle_turns(task: "Task") -> list[Turn]:
     return [*turns, Turn.say(closing_text(task))]
 
 
-def _corrupt(value: Any) -> tuple[Any, bool]:
+def corrupt_arguments(value: Any) -> tuple[Any, bool]:
     """``value`` with its first scalar changed, and whether anything changed."""
     if isinstance(value, bool):
         return not value, True
@@ -210,12 +210,12 @@ def _corrupt(value: Any) -> tuple[Any, bool]:
         return value + "_wrong", True
     if isinstance(value, list):
         for index, item in enumerate(value):
-            new, changed = _corrupt(item)
+            new, changed = corrupt_arguments(item)
             if changed:
                 return [*value[:index], new, *value[index + 1 :]], True
     if isinstance(value, dict):
         for name, item in value.items():
-            new, changed = _corrupt(item)
+            new, changed = corrupt_arguments(item)
             if changed:
                 return {**value, name: new}, True
     return value, False
@@ -243,7 +243,7 @@ def wrong_argument_turns(domain: str, task: "Task") -> list[Turn]:
     for index, action in enumerate(actions):
         if (action.requestor, action.name) not in write_tools:
             continue
-        arguments, changed = _corrupt(dict(action.arguments))
+        arguments, changed = corrupt_arguments(dict(action.arguments))
         if changed:
             turns = oracle_turns(task)
             turns[index] = _action_turn(action.name, arguments, action.requestor)

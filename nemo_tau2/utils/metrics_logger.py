@@ -10,11 +10,25 @@ import math
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from nemo_tau2.utils.jsonl_log import JsonlLog
 
 logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
+
+
+class LoggerConfig(BaseModel):
+    """``logger``: NeMo-RL's logger keys (GRPO and evaluation)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    log_dir: str = Field(default="results/grpo/logs", description="metrics.jsonl (always) and TensorBoard files.")
+    tensorboard_enabled: bool = False
+    wandb_enabled: bool = False
+    wandb_project: str = "nemo-tau2"
+    wandb_name: str | None = None
 
 
 class MetricsLogger:

@@ -5,13 +5,15 @@
 components, the whole transcript in ``response.output`` with per-turn token ids) plus episode data (turns, steps,
 termination, token contiguity, timings). An episode that fails for infrastructure reasons (a model or the
 resources server unreachable, timing out or erroring after retries) answers HTTP 502 with
-``status: infrastructure_error`` and the cause: it is never a zero reward.
+``status: infrastructure_error`` and the cause: it is never a zero reward. ``GET /progress`` counts episodes,
+model calls and generated tokens as they happen, for callers to show progress inside long episodes.
 
 The policy is NeMo-Gym's ``model_server`` (``policy_model``: ``vllm_model`` for endpoints that return token ids,
 ``openai_model`` otherwise), so NeMo-RL, which points ``policy_model`` at its own vLLM servers, runs it unchanged.
 The user simulator is a separate model server (``user_model_server``).
 """
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -23,12 +25,11 @@ from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from nemo_tau2.gym.agent.conversation import EpisodeSettings
 from nemo_tau2.gym.agent.orchestrator import Endpoints, EpisodeOrchestrator
-from nemo_tau2.gym.agent.user_strategies import UserStrategyConfig
 from nemo_tau2.gym.config_keys import GymInstanceConfigMixin, RequestLimitsMixin
+from nemo_tau2.gym.episode_config import EpisodeSettings
 from nemo_tau2.gym.fast_middleware import FastMiddlewareMixin
-from nemo_tau2.gym.http_client import GymHttpClient, RetryConfig
+from nemo_tau2.gym.http_client import GymHttpClient
 from nemo_tau2.gym.serving import disable_ray_uv_runtime_env
 from nemo_tau2.gym.task_fields import Tau2TaskFields
 from nemo_tau2.tau2_env import DOMAINS
@@ -36,7 +37,9 @@ from nemo_tau2.tau2_env import DOMAINS
 logger = logging.getLogger(__name__)
 
 
-class Tau2AgentConfig(GymInstanceConfigMixin, RequestLimitsMixin, BaseResponsesAPIAgentConfig):
+class Tau2AgentConfig(EpisodeSettings, GymInstanceConfigMixin, RequestLimitsMixin, BaseResponsesAPIAgentConfig):
+    """The agent server's config: its servers and domains, and the episode settings (one schema: EpisodeSettings)."""
+
     model_config = ConfigDict(extra="allow")
 
     resources_server: ResourcesServerRef
@@ -45,22 +48,6 @@ class Tau2AgentConfig(GymInstanceConfigMixin, RequestLimitsMixin, BaseResponsesA
         default=None, description="The user simulator's model server: required, and better not the policy's."
     )
     domains: list[str] = Field(default=["airline", "retail", "telecom"], description="Domains this agent plays.")
-    max_steps: int = Field(default=200, gt=0, description="tau2's max_steps (every message hop counts).")
-    max_errors: int = Field(default=10, gt=0, description="tau2's max_errors: tool errors before termination.")
-    max_turns: int | None = Field(default=None, gt=0, description="Policy turns before termination (ours).")
-    user_responses_create_params: dict[str, Any] = Field(
-        default={"temperature": 0.0}, description="Sampling params of user simulator calls (tau2: temperature 0)."
-    )
-    user_seed: int | None = Field(
-        default=300, description="tau2's run seed: sample k of a task gets tau2's trial-k seed. null: send none."
-    )
-    user_empty_retries: int = Field(default=2, ge=0, description="Retries of an empty user message before user_error.")
-    user_strategy: UserStrategyConfig = Field(
-        default_factory=UserStrategyConfig, description="How the simulated user writes each message (default: tau2's)."
-    )
-    policy_retry: RetryConfig = RetryConfig()
-    user_retry: RetryConfig = RetryConfig()
-    resources_retry: RetryConfig = RetryConfig(timeout_s=120.0)
 
     @model_validator(mode="before")
     @classmethod
@@ -78,16 +65,6 @@ class Tau2AgentConfig(GymInstanceConfigMixin, RequestLimitsMixin, BaseResponsesA
         unknown = [domain for domain in value if domain not in DOMAINS]
         if unknown:
             raise ValueError(f"unknown domain(s) {unknown}; tau2 domains are: {', '.join(DOMAINS)}")
-        return value
-
-    @field_validator("user_responses_create_params")
-    @classmethod
-    def _no_top_k_or_stop(cls, value: dict[str, Any]) -> dict[str, Any]:
-        banned = sorted(set(value) & {"top_k", "stop", "stop_strings", "input", "tools"})
-        if banned:
-            raise ValueError(
-                f"user_responses_create_params may not set {banned} (not OpenAI-compatible or set by the agent)"
-            )
         return value
 
 
@@ -134,25 +111,19 @@ class Tau2Agent(FastMiddlewareMixin, SimpleResponsesAPIAgent):
                 "comparable with tau2's, which uses a separate user model"
             )
         self._http = GymHttpClient()
-        settings = EpisodeSettings(
-            max_steps=self.config.max_steps,
-            max_errors=self.config.max_errors,
-            max_turns=self.config.max_turns,
-            user_params=self.config.user_responses_create_params,
-            user_seed=self.config.user_seed,
-            user_empty_retries=self.config.user_empty_retries,
-            user_strategy=self.config.user_strategy,
-            policy_retry=self.config.policy_retry,
-            user_retry=self.config.user_retry,
-            resources_retry=self.config.resources_retry,
-        )
-        self._orchestrator = EpisodeOrchestrator(self._http, Endpoints(**urls), settings)
+        # The config is an EpisodeSettings (one schema): the orchestrator reads its episode fields from it.
+        self._orchestrator = EpisodeOrchestrator(self._http, Endpoints(**urls), self.config)
         return super().model_post_init(context)
 
     def setup_webserver(self) -> FastAPI:
         app = super().setup_webserver()
+        app.get("/progress")(self.progress)
         app.router.on_shutdown.append(self._http.close)
         return app
+
+    async def progress(self) -> dict[str, int]:
+        """Episodes running and finished, model calls and generated tokens so far (counters since start-up)."""
+        return dataclasses.asdict(self._orchestrator.progress)
 
     async def responses(self, body: NeMoGymResponseCreateParamsNonStreaming = Body()) -> Any:
         raise HTTPException(

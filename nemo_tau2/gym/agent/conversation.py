@@ -19,12 +19,12 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from nemo_tau2.gym.agent.tool_calls import ParsedCall
 from nemo_tau2.gym.agent.turns import Turn, item_text, message_item
-from nemo_tau2.gym.agent.user_strategies import UserSimulatorStats, UserStrategyConfig
-from nemo_tau2.gym.http_client import RetryConfig
+from nemo_tau2.gym.agent.user_strategies import UserSimulatorStats
+from nemo_tau2.gym.episode_config import EpisodeSettings
 
 USER_STOP_TOKENS = ("###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###")  # tau2.user.base
 _TOOL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
@@ -37,22 +37,6 @@ AGENT, USER, ENV = "agent", "user", "env"
 
 class RowError(ValueError):
     """The row names something the tau2 session refuses (an unknown task): the caller's mistake, a 4xx."""
-
-
-@dataclass
-class EpisodeSettings:
-    """What the agent server's config says about every episode."""
-
-    max_steps: int
-    max_errors: int
-    max_turns: int | None
-    user_params: dict[str, Any]
-    user_seed: int | None
-    user_empty_retries: int
-    policy_retry: RetryConfig
-    user_retry: RetryConfig
-    resources_retry: RetryConfig
-    user_strategy: UserStrategyConfig = field(default_factory=UserStrategyConfig)
 
 
 @dataclass
@@ -81,7 +65,11 @@ class EpisodeState:
     receiver: str = USER
     pending_calls: list[tuple[str, ParsedCall]] = field(default_factory=list)
     last_policy_response: dict | None = None
-    usage: dict = field(default_factory=lambda: {"input_tokens": 0, "output_tokens": 0})
+    usage: dict = field(  # the policy answers' usage: summed, and the first and last turn's
+        default_factory=lambda: dict.fromkeys(
+            ("input_tokens", "output_tokens", "first_input_tokens", "last_input_tokens", "last_output_tokens"), 0
+        )
+    )
     token_turns: list[tuple[list[int], list[int]]] = field(default_factory=list)
     user_simulator: UserSimulatorStats = field(default_factory=UserSimulatorStats)
     seconds: dict = field(default_factory=lambda: {"policy": 0.0, "user": 0.0, "tools": 0.0, "verify": 0.0})

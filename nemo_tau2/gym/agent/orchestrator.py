@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 from nemo_tau2.experience.contiguity import check_contiguity
 from nemo_tau2.gym.agent.conversation import (
-    EpisodeSettings,
     EpisodeState,
     RowError,
     agent_said,
@@ -23,12 +22,26 @@ from nemo_tau2.gym.agent.conversation import (
     start_conversation,
     verify,
 )
+from nemo_tau2.gym.agent.episode_record import EpisodeData, EpisodeStatus, TokenContiguity
 from nemo_tau2.gym.agent.resources_client import HttpTau2Session
 from nemo_tau2.gym.agent.turns import Turn, read_turn, with_last_token_ids_only
 from nemo_tau2.gym.agent.user_simulator import UserSimulator
+from nemo_tau2.gym.episode_config import EpisodeSettings
 from nemo_tau2.gym.http_client import GymHttpClient, InfrastructureError
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class AgentProgress:
+    """What the agent server has done so far, over all its callers (``GET /progress``): callers poll it to show
+    progress inside long episodes, which ``/run`` only answers at the end of."""
+
+    running_episodes: int = 0
+    finished_episodes: int = 0
+    policy_turns: int = 0  # policy model calls answered
+    user_turns: int = 0  # user simulator model calls answered
+    generation_tokens: int = 0  # the policy's output tokens (its answers' usage)
 
 
 @dataclass
@@ -59,6 +72,7 @@ class EpisodeOrchestrator:
         self.settings = settings
         self.session = HttpTau2Session(http, endpoints.resources, settings.resources_retry)
         self.user = UserSimulator(settings, self._user_call)
+        self.progress = AgentProgress()
 
     # ---------------------------------------------------------------- the episode
     async def run(self, row: dict) -> tuple[int, dict]:
@@ -66,6 +80,7 @@ class EpisodeOrchestrator:
         ``(400, detail)`` when the resources server refuses the row."""
         started = time.perf_counter()
         state = EpisodeState.for_row(row, int(row.get("sample_index", row.get("_ng_rollout_index", 0)) or 0))
+        self.progress.running_episodes += 1
         try:
             await self.session.seed(state)
             await self._play(state)
@@ -75,6 +90,8 @@ class EpisodeOrchestrator:
         except RowError as e:
             return 400, {"detail": str(e)}
         finally:
+            self.progress.running_episodes -= 1
+            self.progress.finished_episodes += 1
             if not state.verified:  # failed, cancelled or crashed: the session must not linger until it expires
                 await self.session.end(state)
         result.update(self._episode_data(state, time.perf_counter() - started))
@@ -98,6 +115,8 @@ class EpisodeOrchestrator:
         state.policy_turns += 1
         state.last_policy_response = answer
         self._count_usage(state, answer)
+        self.progress.policy_turns += 1
+        self.progress.generation_tokens += (answer.get("usage") or {}).get("output_tokens") or 0
         turn = read_turn(answer, lenient=True)
         self._record_tokens(state, turn.items)
         state.truncated_turns += turn.truncated
@@ -107,7 +126,9 @@ class EpisodeOrchestrator:
         return turn
 
     async def _user_call(self, state: EpisodeState, body: dict) -> dict:
-        return await post_model(self.http, self.endpoints.user, self.settings.user_retry, state, "user", body)
+        answer = await post_model(self.http, self.endpoints.user, self.settings.user_retry, state, "user", body)
+        self.progress.user_turns += 1
+        return answer
 
     def _record_tokens(self, state: EpisodeState, items: list[dict]) -> None:
         for item in items:
@@ -116,29 +137,61 @@ class EpisodeOrchestrator:
 
     @staticmethod
     def _count_usage(state: EpisodeState, body: dict) -> None:
-        usage = body.get("usage") or {}
-        state.usage["input_tokens"] += usage.get("input_tokens") or 0
-        state.usage["output_tokens"] += usage.get("output_tokens") or 0
+        usage = body.get("usage") or {}  # a server that reports no usage: its counts stay 0
+        input_tokens, output_tokens = usage.get("input_tokens") or 0, usage.get("output_tokens") or 0
+        if state.policy_turns == 1:
+            state.usage["first_input_tokens"] = input_tokens
+        state.usage["last_input_tokens"], state.usage["last_output_tokens"] = input_tokens, output_tokens
+        state.usage["input_tokens"] += input_tokens
+        state.usage["output_tokens"] += output_tokens
 
     # ---------------------------------------------------------------- results
-    def _episode_data(self, state: EpisodeState, total_s: float) -> dict:
+    def _episode_data(self, state: EpisodeState, total_s: float, error: str | None = None) -> dict:
         breaks = check_contiguity(state.token_turns)
-        return {
-            "status": "ok",
-            "conversation_id": state.conversation_id,
-            "sample_index": state.sample_index,
-            "num_turns": state.policy_turns,
-            "num_user_turns": state.user_turns,
-            "num_steps": state.steps,
-            "num_errors": state.errors,
-            "truncated_by": state.truncated_by,
-            "num_truncated_generations": state.truncated_turns,
-            "user_simulator": state.user_simulator.report(self.user.strategy, state.user_turns),
-            "token_contiguity": {"checked_turns": len(state.token_turns), "breaks": [str(b) for b in breaks]},
-            "timings": {key: round(value, 6) for key, value in state.seconds.items()} | {"total": round(total_s, 6)},
-        }
+        data = EpisodeData(
+            status=EpisodeStatus.OK if error is None else EpisodeStatus.INFRASTRUCTURE_ERROR,
+            domain=state.domain,
+            task_id=state.task_id,
+            sample_index=state.sample_index,
+            conversation_id=state.conversation_id,
+            policy_model=(state.last_policy_response or {}).get("model") or self.endpoints.policy,
+            error=error,
+            termination_reason=state.termination_reason if error is None else None,
+            truncated_by=state.truncated_by,
+            num_turns=state.policy_turns,
+            num_user_turns=state.user_turns,
+            num_steps=state.steps,
+            num_tool_errors=state.errors,
+            num_truncated_generations=state.truncated_turns,
+            **token_counts(state),
+            token_contiguity=TokenContiguity(
+                checked_turns=len(state.token_turns),
+                breaks=[str(b) for b in breaks],
+                first_break_turn=min((b.turn for b in breaks), default=None),
+            ),
+            user_simulator=state.user_simulator.report(self.user.strategy, state.user_turns),
+            timings={key: round(value, 6) for key, value in state.seconds.items()} | {"total": round(total_s, 6)},
+        )
+        return data.model_dump(mode="json")
 
     def _failure(self, state: EpisodeState, cause: str, total_s: float) -> dict:
-        data = self._episode_data(state, total_s)
-        data.update(status="infrastructure_error", error=cause, domain=state.domain, task_id=state.task_id)
-        return data
+        return self._episode_data(state, total_s, error=cause)
+
+
+def token_counts(state: EpisodeState) -> dict[str, int]:
+    """``prompt_tokens``, ``generation_tokens`` and ``total_tokens`` of the episode: from the policy's token ids
+    when its server returns them (exact), else from the ``usage`` of its answers (every OpenAI-compatible server)."""
+    if state.token_turns:
+        first_prompt, _ = state.token_turns[0]
+        last_prompt, last_generation = state.token_turns[-1]
+        return {
+            "prompt_tokens": len(first_prompt),
+            "generation_tokens": sum(len(generated) for _, generated in state.token_turns),
+            "total_tokens": len(last_prompt) + len(last_generation),
+        }
+    usage = state.usage
+    return {
+        "prompt_tokens": usage["first_input_tokens"],
+        "generation_tokens": usage["output_tokens"],
+        "total_tokens": usage["last_input_tokens"] + usage["last_output_tokens"],
+    }

@@ -18,8 +18,9 @@ from collections.abc import Awaitable, Callable
 import orjson
 
 from nemo_tau2.gym.agent import user_strategies as strategies
-from nemo_tau2.gym.agent.conversation import EpisodeSettings, EpisodeState
+from nemo_tau2.gym.agent.conversation import EpisodeState
 from nemo_tau2.gym.agent.turns import Turn, message_item, read_turn
+from nemo_tau2.gym.episode_config import EpisodeSettings
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,9 @@ class UserSimulator:
         self.settings = settings
         self.strategy = settings.user_strategy.strategy
         self.call_model = call_model
-        if self.strategy in strategies.CHECKED_STRATEGIES and not settings.user_params.get("temperature"):
+        if self.strategy in strategies.CHECKED_STRATEGIES and not settings.user_responses_create_params.get(
+            "temperature"
+        ):
             logger.warning(
                 "user strategy %s at temperature 0: a regenerated message repeats the rejected one", self.strategy
             )
@@ -78,7 +81,7 @@ class UserSimulator:
     def _body(
         self, state: EpisodeState, items: list[dict], role: str, tools: list[dict] | None = None, attempt: int = 0
     ) -> dict:
-        body = dict(self.settings.user_params) | {"input": items, "user": state.key(role)}
+        body = dict(self.settings.user_responses_create_params) | {"input": items, "user": state.key(role)}
         if tools:
             body["tools"] = tools
         if self.settings.user_seed is not None:

@@ -44,7 +44,7 @@ from nemo_tau2.gym.resources_server.sessions import Session, SessionStore, TooMa
 from nemo_tau2.gym.serving import disable_ray_uv_runtime_env
 from nemo_tau2.gym.task_fields import Tau2TaskFields
 from nemo_tau2.json_arguments import find_lone_surrogate
-from nemo_tau2.tau2_env import domains, prompts
+from nemo_tau2.tau2_env import DOMAINS, domains, prompts
 from nemo_tau2.tau2_env.episode import Episode, Requestor
 from nemo_tau2.tau2_env.reward import NLAssertionsNotEvaluatedError, evaluate_episode
 
@@ -220,12 +220,23 @@ class Tau2ResourcesServer(FastMiddlewareMixin, SimpleResourcesServer):
         )
         return super().model_post_init(context)
 
+    @staticmethod
+    def load_domain_data(domain: str) -> None:
+        """Load (and cache, per process) what an episode of ``domain`` needs, rather than inside the first one."""
+        domains.snapshot_databases(domain)
+        domains.task_splits(domain)
+        domains.get_task(domain, domains.task_splits(domain)["base"][0])
+        prompts.user_system_prompt(domain, domains.task_splits(domain)["base"][0])
+
+    @classmethod
+    def preload(cls) -> None:
+        """Every domain's data, for processes forked from this one to share (:mod:`nemo_tau2.gym.fork_server`)."""
+        for domain in DOMAINS:
+            cls.load_domain_data(domain)
+
     def setup_webserver(self) -> FastAPI:
-        for domain in self.config.domains:  # load data now rather than inside the first episode
-            domains.snapshot_databases(domain)
-            domains.task_splits(domain)
-            domains.get_task(domain, domains.task_splits(domain)["base"][0])
-            prompts.user_system_prompt(domain, domains.task_splits(domain)["base"][0])
+        for domain in self.config.domains:
+            self.load_domain_data(domain)
         app = super().setup_webserver()
         app.get("/session_stats")(self.session_stats)
         app.post("/end_session")(self.end_session)

@@ -19,9 +19,9 @@ import torch
 
 from nemo_tau2.algorithms import grpo
 from nemo_tau2.algorithms.grpo_config import GRPOMasterConfig
-from nemo_tau2.algorithms.tiny_policy import build_tiny_policy, first_call_preference
 from nemo_tau2.config import apply_overrides, load_config, validate_config
 from nemo_tau2.generation.validation import gym_rule_violations
+from nemo_tau2.testing.warm_start import build_tiny_policy, first_call_preference
 
 CONFIGS = Path(__file__).parents[3] / "examples" / "configs"
 SMOKE = CONFIGS / "grpo_tau2_cpu_smoke.yaml"
@@ -55,7 +55,7 @@ def tiny_policy(tmp_path_factory) -> Path:
 def test_shipped_grpo_configs_validate_and_keep_the_gym_rules(name):
     raw = load_config(CONFIGS / name)
     cfg = validate_config(raw, GRPOMasterConfig)
-    assert gym_rule_violations(raw["policy"]["generation"], key="policy.generation") == []
+    assert gym_rule_violations(cfg.policy.generation) == []
     assert cfg.grpo.max_num_steps > 0
 
 
@@ -173,7 +173,7 @@ def test_run_grpo_killed_mid_run_resumes_where_its_last_checkpoint_left_off(tiny
 
     rerun = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
-    resumed_at = int(rerun.stderr.split("resuming at step ")[1].split()[0])
+    resumed_at = int(rerun.stderr.split("resuming: ")[1].split()[0])
     assert resumed_at >= 2
     assert (tmp_path / "checkpoints" / "step_4").is_dir()
     logged = [json.loads(line)["step"] for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]

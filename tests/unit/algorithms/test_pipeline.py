@@ -37,5 +37,5 @@ def test_the_cpu_pipeline_runs_end_to_end_and_a_rerun_resumes(tmp_path):
     statuses = {s["stage"]: s["status"] for s in json.loads((tmp_path / "pipeline.json").read_text())["stages"]}
     assert statuses == {"oracle": "done already", "sft_data": "done already", "sft": "done already",
                         "rft": "done already", "grpo": "ok"}  # fmt: skip
-    assert "resuming at step 1" in rerun.stderr
+    assert "resuming: 1 of 2 steps already done" in rerun.stderr
     assert (tmp_path / "grpo" / "checkpoints" / "step_2").is_dir()

@@ -22,10 +22,10 @@ from nemo_tau2.algorithms.loss import NLLLossFn, nll_loss
 from nemo_tau2.algorithms.rft_config import RFTMasterConfig
 from nemo_tau2.algorithms.sft_config import SFTMasterConfig
 from nemo_tau2.algorithms.sft_data import row_from_conversation, training_sequence
-from nemo_tau2.algorithms.tiny_policy import build_tiny_policy
-from nemo_tau2.algorithms.training_setup import task_rows
 from nemo_tau2.config import apply_overrides, load_config, validate_config
 from nemo_tau2.models.policy.lm_policy import Policy
+from nemo_tau2.tau2_env.gym_rows import load_rows
+from nemo_tau2.testing.warm_start import build_tiny_policy
 
 EXAMPLES = Path(__file__).parents[3] / "examples"
 SFT_SMOKE = EXAMPLES / "configs" / "sft_tau2_cpu_smoke.yaml"
@@ -37,7 +37,7 @@ TASKS = ["update_task_1", "create_task_1"]
 def start(tmp_path_factory) -> Path:
     directory = tmp_path_factory.mktemp("tiny") / "policy"
     cfg = validate_config(load_config(SFT_SMOKE), SFTMasterConfig)
-    rows = task_rows(["mock"], "base", task_ids=TASKS, compact=True)
+    rows = load_rows(domains_=["mock"], split="base", task_ids=TASKS, compact=True)
     return build_tiny_policy(cfg.tiny_policy, rows, directory)
 
 
@@ -122,7 +122,7 @@ def test_nll_reads_only_the_assistant_tokens_nan_elsewhere_changes_nothing(start
 
 def _sft_and_validate(tmp: Path, start: Path, rows: Path, *overrides: str) -> dict:
     cfg = _sft_config(tmp, start, rows, *overrides)
-    eval_rows = task_rows(["mock"], "base", task_ids=TASKS, compact=True)
+    eval_rows = load_rows(domains_=["mock"], split="base", task_ids=TASKS, compact=True)
     s = sft.setup(cfg, [json.loads(line) for line in rows.read_text().splitlines()], [], eval_rows)
     try:
         before = sft.validate(s)["val/overall/pass@1"]

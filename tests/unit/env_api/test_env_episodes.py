@@ -25,7 +25,7 @@ COMPARED = (
     "env_assertion_fraction",
     "communicate_fraction",
     "num_steps",
-    "num_errors",
+    "num_tool_errors",
     "num_turns",
     "num_user_turns",
     "num_tool_calls",
@@ -146,7 +146,7 @@ async def test_respond_user_beside_other_calls_or_without_text_is_a_malformed_ca
         empty = {"id": "c", "type": "function", "function": {"name": RESPOND_USER, "arguments": '{"text": " "}'}}
         observation, *_, info = await env.step({"role": "assistant", "tool_calls": [empty]})
         assert observation["messages"][0]["content"].startswith("Error: malformed tool call: respond_user")
-        assert info["num_errors"] == 3
+        assert info["num_tool_errors"] == 3
 
 
 async def test_256_concurrent_episodes_in_one_loop_keep_to_their_own_task_and_database(fake):

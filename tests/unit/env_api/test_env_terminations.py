@@ -8,7 +8,7 @@ from nemo_tau2.gym.http_client import InfrastructureError
 from nemo_tau2.tau2_env import domains
 from nemo_tau2.testing import OUT_OF_SCOPE, TRANSFER, PolicyScriptConfig, UserScriptConfig
 from nemo_tau2.testing.scripts import Turn, TurnListScript
-from tests.unit.env_api.conftest import play
+from tests.unit.env_api.conftest import USER, play
 
 ASK = {"role": "assistant", "content": "Could you tell me more?"}
 
@@ -95,7 +95,7 @@ async def test_too_many_tool_errors_terminate_the_episode(fake):
         await env.reset(0)
         for _ in range(3):
             observation, reward, terminated, truncated, info = await env.step(_call("launch_rocket", '{"to": 1}'))
-    assert (terminated, truncated, reward, info["termination_reason"], info["num_errors"]) == (
+    assert (terminated, truncated, reward, info["termination_reason"], info["num_tool_errors"]) == (
         True,
         False,
         0.0,
@@ -149,7 +149,7 @@ async def test_bad_tool_calls_get_tau2s_tool_errors_and_count(fake):
         )
         observation, *_, info = await env.step(_call("get_user_details", '{"user_id": "\\ud800"}'))
         assert observation["messages"][0]["content"].startswith("Error: ")
-        assert info["num_errors"] == 6 and info["termination_reason"] is None
+        assert info["num_tool_errors"] == 6 and info["termination_reason"] is None
 
 
 async def test_actions_that_are_not_assistant_turns_are_refused_and_change_nothing(fake):
@@ -164,7 +164,7 @@ async def test_actions_that_are_not_assistant_turns_are_refused_and_change_nothi
         _, _, terminated, _, info = await env.step(
             Turn.call("get_user_details", {"user_id": "mia_li_3668"}).chat_message()
         )
-        assert not terminated and info["num_turns"] == 1 and info["num_errors"] == 0
+        assert not terminated and info["num_turns"] == 1 and info["num_tool_errors"] == 0
 
 
 async def test_reset_ends_a_live_episode_and_starts_the_task_chosen_by_the_seed(fake):
@@ -204,7 +204,9 @@ def test_bad_settings_name_the_problem(fake):
     with pytest.raises(ValueError, match="pre-written message history"):
         fake.env("mock", task_ids=[t.id for t in domains.get_tasks("mock", "base")])
     with pytest.raises(ValueError, match="max_checks applies only"):
-        fake.env("airline", user={"generation": {"backend": "fake"}, "max_checks": 2})
+        fake.env("airline", user={"generation": USER, "max_checks": 2})
+    with pytest.raises(ValueError, match="top_p: must be given explicitly"):  # the gym rules hold for the user
+        fake.env("airline", user={"generation": {"backend": "fake", "temperature": 0.0}})
 
 
 def test_sync_env_is_a_gymnasium_env(fake):

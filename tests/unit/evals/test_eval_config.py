@@ -6,6 +6,7 @@ import pytest
 
 from nemo_tau2.config import ConfigError, apply_overrides, load_config
 from nemo_tau2.evals.eval import build_eval_rows, environment_spec, setup_eval
+from nemo_tau2.gym.agent.user_strategies import UserStrategyConfig
 
 CONFIGS = sorted(Path("examples/configs/evals").glob("*.yaml"))
 FAKE = Path("examples/configs/evals/tau2_fake.yaml")
@@ -18,7 +19,7 @@ def _setup(*overrides: str, path: Path = FAKE):
 @pytest.mark.parametrize("path", [p for p in CONFIGS if p.name != "tau2_base.yaml"], ids=lambda p: p.name)
 def test_every_example_eval_config_validates(path):
     cfg = _setup(path=path)
-    assert cfg.eval.rollout_mode == "nemo_gym" and cfg.user is not None
+    assert cfg.eval.rollout_mode == "nemo_gym" and cfg.user_simulator().generation is not None
 
 
 @pytest.mark.parametrize(
@@ -59,8 +60,7 @@ def test_several_violations_are_reported_together():
             "eval.k_values=[1,8]",
         )
     text = str(error.value)
-    assert text.startswith("4 problems in the config:")
-    for part in ("top_k", "stop_strings", "greedy", "k_values [1, 8]"):
+    for part in ("policy.generation.top_k", "policy.generation.stop_strings", "greedy", "k_values [1, 8]"):
         assert part in text
 
 
@@ -81,7 +81,6 @@ def test_several_violations_are_reported_together():
             ["eval.rollout_mode=single_turn", "~user", "~env", "~data", "+data.data_path=x.jsonl"],
             "eval.verifier is required for rollout_mode=single_turn",
         ),
-        (["~user"], "rollout_mode=nemo_gym needs a user simulator endpoint"),
     ],
 )
 def test_settings_of_the_other_rollout_mode_are_rejected(overrides, message):
@@ -101,9 +100,10 @@ def test_unknown_key_override_is_rejected_with_a_suggestion():
 def test_the_user_strategy_reaches_the_agent_server_config(tmp_path):
     cfg = _setup("+user.strategy=verify", "+user.max_checks=2")
     spec = environment_spec(cfg, build_eval_rows(cfg), tmp_path)
-    assert spec.agent_config["user_strategy"] == {"strategy": "verify", "max_checks": 2}
+    assert spec.episode_settings().user_strategy == UserStrategyConfig(strategy="verify", max_checks=2)
     default = _setup()
-    assert environment_spec(default, build_eval_rows(default), tmp_path).agent_config["user_strategy"] == {}
+    settings = environment_spec(default, build_eval_rows(default), tmp_path).episode_settings()
+    assert settings.user_strategy.model_fields_set == set()
     with pytest.raises(ConfigError, match="max_checks applies only to strategy verify or reflection"):
         _setup("+user.max_checks=2")
     with pytest.raises(ConfigError, match="user.strategy"):

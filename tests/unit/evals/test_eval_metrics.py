@@ -98,12 +98,12 @@ def test_record_validates_status_and_reward():
 
 
 def test_record_from_dict_accepts_numpy_bool_and_ignores_extra_keys():
-    record = EpisodeRecord.from_dict(
-        {"domain": "retail", "task_id": 7, "success": np.bool_(True), "reward": 1, "turns": 3, "prompt": "..."}
-    )
-    assert record.success is True and record.task_id == "7" and record.turns == 3
+    line = {"domain": "retail", "task_id": 7, "success": np.bool_(True), "reward": 1, "status": "ok"}
+    line |= {"termination_reason": "user_stop", "num_turns": 3, "total_tokens": 90, "prompt": "..."}
+    record = EpisodeRecord.from_dict(line)
+    assert record.success is True and record.task_id == "7" and record.num_turns == 3
     with pytest.raises(ValueError, match=r"missing \['success'\]"):
-        EpisodeRecord.from_dict({"domain": "retail", "task_id": "7", "reward": 1.0})
+        EpisodeRecord.from_dict({key: value for key, value in line.items() if key != "success"})
 
 
 def test_shaped_rewards_do_not_count_as_successes():
@@ -137,7 +137,7 @@ def test_infrastructure_errors_are_excluded_from_n_and_counted_apart():
 def _records(domain, task_id, successes, rewards=None, infra_errors=0, reason="user_stop", turns=None, tokens=None):
     rewards = rewards if rewards is not None else [float(s) for s in successes]
     ok = [
-        EpisodeRecord(domain, task_id, s, r, termination_reason=reason, turns=turns, tokens=tokens)
+        EpisodeRecord(domain, task_id, s, r, termination_reason=reason, num_turns=turns, total_tokens=tokens)
         for s, r in zip(successes, rewards, strict=True)
     ]
     errors = [EpisodeRecord(domain, task_id, None, None, status="infrastructure_error")] * infra_errors
@@ -200,9 +200,9 @@ def test_counts_terminations_turns_and_tokens(mixed_records):
     assert m["eval/telecom/num_infra_errors"] == 2
     assert m["eval/overall/termination/user_stop"] == 12
     assert m["eval/overall/termination/max_steps"] == 4
-    assert m["eval/airline/mean_turns"] == 6.0  # (4*4 + 4*8) / 8
-    assert m["eval/airline/mean_tokens"] == 200.0
-    assert "eval/retail/mean_turns" not in m  # no turn counts recorded
+    assert m["eval/airline/mean_num_turns"] == 6.0  # (4*4 + 4*8) / 8
+    assert m["eval/airline/mean_total_tokens"] == 200.0
+    assert "eval/retail/mean_num_turns" not in m  # no turn counts recorded
 
 
 def test_tasks_below_k_are_logged(mixed_records, caplog):

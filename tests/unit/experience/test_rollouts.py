@@ -14,6 +14,7 @@ from nemo_tau2.experience.rollouts import (
 )
 from nemo_tau2.generation import GenerationConfig
 from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec
+from nemo_tau2.gym.episode_config import NemoGymEnvConfig
 from nemo_tau2.tau2_env.gym_rows import task_row
 
 SAMPLING = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=512)
@@ -22,8 +23,10 @@ TASKS = [("airline", "0"), ("retail", "0")]
 
 @pytest.fixture(scope="module")
 def environment():
-    fake = GenerationConfig(backend="fake", fake_cfg={})
-    spec = Tau2EnvironmentSpec(policy=fake, user=fake, domains=["airline", "retail"], return_token_ids=True)
+    fake = GenerationConfig(backend="fake", fake_cfg={}, temperature=0.0, top_p=1.0)
+    spec = Tau2EnvironmentSpec(
+        policy=fake, user=fake, domains=["airline", "retail"], gym=NemoGymEnvConfig(return_token_ids=True)
+    )
     with Tau2Environment(spec) as env:
         yield env
 

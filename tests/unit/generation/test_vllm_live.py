@@ -22,6 +22,7 @@ from nemo_tau2.generation.surface_check import ToolCallProbe, call_json, check_s
 from nemo_tau2.generation.tiny_model import WEATHER_TOOL
 from nemo_tau2.generation.vllm_launcher import EXTENSION_DIR, VllmReplicas, WeightUpdateError
 from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec
+from nemo_tau2.gym.episode_config import NemoGymEnvConfig
 from nemo_tau2.tau2_env.gym_rows import task_row
 from tests.vllm_env import vllm_python
 
@@ -158,14 +159,12 @@ def test_vllm_logprobs_are_the_served_models_own(vllm, model_dir):
 @pytest.mark.parametrize("server", ["fast_vllm_model", "vllm_model"])
 def test_a_tau2_episode_on_vllm_keeps_every_turn_contiguous(vllm, server):
     """Each policy turn's prompt extends the previous turn's prompt + generation, through each Gym model server."""
-    fake_user = GenerationConfig(backend="fake", fake_cfg={})
+    fake_user = GenerationConfig(backend="fake", fake_cfg={}, temperature=0.0, top_p=1.0)
     spec = Tau2EnvironmentSpec(
         policy=vllm,
         user=fake_user,
         domains=["mock"],
-        agent_config={"max_steps": 12},
-        policy_model_server=server,
-        return_token_ids=True,
+        gym=NemoGymEnvConfig(max_steps=12, policy_model_server=server, return_token_ids=True),
     )
     sampling = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=48)  # greedy: two policy turns
     with Tau2Environment(spec) as environment:

@@ -1,6 +1,7 @@
-"""Secrets and sessions: an endpoint's API key reaches only the model server that calls that endpoint (never another
-process's environment, any command line, log, config dump or result); a session cookie cannot be forged from a
-known session id; idle sessions and old verdicts are evicted on a timer, not only when the next request comes."""
+"""Secrets and sessions: an endpoint's API key reaches only the model server that calls that endpoint, through a
+pipe (never a process's environment, not even that server's, any command line, log, config dump or result); a
+session cookie cannot be forged from a known session id; idle sessions and old verdicts are evicted on a timer,
+not only when the next request comes."""
 
 import base64
 import json
@@ -22,6 +23,7 @@ from nemo_tau2.gym.stack import POLICY_MODEL
 from nemo_tau2.tau2_env.gym_rows import task_row
 from nemo_tau2.testing import start_fake_server
 from tests.unit.gym.conftest import RESOURCES_SERVER, resources_server_spec
+from tests.unit.recording_proxy import RecordingProxy
 
 KEY_VARIABLE = "NEMO_TAU2_TEST_POLICY_KEY"
 SECRET = "sk-test-" + os.urandom(12).hex()
@@ -38,22 +40,45 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
+def _memory_of(pid: int) -> bytes:
+    """The process's writable memory (heap, anonymous maps): where a key it had been given would be."""
+    chunks = []
+    with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb") as mem:
+        for line in maps:
+            fields = line.split()
+            if "w" not in fields[1] or (len(fields) > 5 and fields[5].startswith("/")):
+                continue
+            start, end = (int(part, 16) for part in fields[0].split("-"))
+            try:
+                mem.seek(start)
+                chunks.append(mem.read(end - start))
+            except (OSError, ValueError, OverflowError):
+                continue
+    return b"".join(chunks)
+
+
 def _seen_by(pid: int) -> tuple[bytes, bytes]:
     return Path(f"/proc/{pid}/environ").read_bytes(), Path(f"/proc/{pid}/cmdline").read_bytes()
 
 
 @pytest.fixture
 def openai_policy_config(monkeypatch, tmp_path):
-    """An evaluation whose policy is an OpenAI-compatible endpoint (the fake) with a key from the environment."""
+    """An evaluation whose policy is an OpenAI-compatible endpoint (the fake, behind a proxy that records the
+    Authorization header of each request) with a key from the environment."""
     monkeypatch.setenv(KEY_VARIABLE, SECRET)
     monkeypatch.setenv("HF_TOKEN", OTHER_CREDENTIAL)
     with start_fake_server() as fake:
-        openai_cfg = f"{{base_url: '{fake.base_url}', model: fake-policy, api_key_env: {KEY_VARIABLE}}}"
+        proxy = RecordingProxy.start(fake.root_url)
+        base_url = proxy.base_url
+        openai_cfg = f"{{base_url: '{base_url}', model: fake-policy, api_key_env: {KEY_VARIABLE}}}"
         overrides = [f"eval.save_path={tmp_path / 'out'}", "data.domains=[airline]", "data.num_tasks=1",
                      "eval.num_tests_per_prompt=1", "eval.k_values=[1]", "eval.bootstrap_samples=0",
                      "policy.generation.backend=openai", f"+policy.generation.openai_cfg={openai_cfg}"]  # fmt: skip
         raw = apply_overrides(load_config("examples/configs/evals/tau2_fake.yaml"), overrides)
-        yield raw
+        try:
+            yield raw
+        finally:
+            proxy.stop()
 
 
 def test_the_api_key_reaches_only_the_policy_model_server(openai_policy_config, tmp_path):
@@ -61,23 +86,24 @@ def test_the_api_key_reaches_only_the_policy_model_server(openai_policy_config, 
     spec = environment_spec(cfg, [task_row("airline", "0")], tmp_path / "logs")
     with Tau2Environment(spec) as env:
         status = requests.post(env.agent_urls["tau2_agent"] + "/run", json=task_row("airline", "0"), timeout=300)
-        assert status.status_code == 200 and status.json()["status"] == "ok"  # the key did reach the endpoint
+        assert status.status_code == 200 and status.json()["status"] == "ok"
+        policy_calls = [auth for path, auth, _ in RecordingProxy.seen if path != "/v1/models"]
+        assert policy_calls and set(policy_calls) == {f"Bearer {SECRET}"}  # the policy model server had the key
         servers: GymServers = env.servers
         processes = _descendants(os.getpid())
         assert {servers.pid(spec.name) for spec in servers.specs} <= processes
-        holders = set()
         for pid in processes:
             try:
                 environ, cmdline = _seen_by(pid)
             except FileNotFoundError:
                 continue  # exited meanwhile
             assert SECRET.encode() not in cmdline, f"pid {pid} has the key on its command line"
-            if SECRET.encode() in environ:
-                holders.add(pid)
+            assert SECRET.encode() not in environ, f"pid {pid} has the key in its environment"
             if pid in {servers.pid(spec.name) for spec in servers.specs}:
                 assert OTHER_CREDENTIAL.encode() not in environ, f"Gym server pid {pid} inherited HF_TOKEN"
-        assert holders == {servers.pid(POLICY_MODEL)}, (holders, {s.name: servers.pid(s.name) for s in servers.specs})
         assert SECRET not in OmegaConf.to_yaml(servers.global_config)
+        for name in (spec.name for spec in servers.specs if spec.name != POLICY_MODEL):
+            assert SECRET.encode() not in _memory_of(servers.pid(name)), f"{name} holds the key"
     for path in (tmp_path / "logs").rglob("*"):
         assert not path.is_file() or SECRET.encode() not in path.read_bytes(), path
 

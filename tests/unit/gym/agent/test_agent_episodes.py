@@ -27,7 +27,7 @@ def test_oracle_policy_and_scripted_user_score_one_on_every_base_task(fresh_stac
         assert (
             body["token_contiguity"]["breaks"] == [] and body["token_contiguity"]["checked_turns"] == body["num_turns"]
         )
-        assert body["num_errors"] < 10  # a few gold actions fail in tau2 too (its evaluator ignores them)
+        assert body["num_tool_errors"] < 10  # a few gold actions fail in tau2 too (its evaluator ignores them)
 
 
 def test_transcript_carries_token_ids_per_policy_turn_and_the_user_inline(fresh_stack):
@@ -76,7 +76,7 @@ def test_ten_tool_errors_end_the_episode(fresh_stack):
     fresh_stack.provider.policy = TurnListScript([Turn.call("launch_rocket", {"target": "moon"})] * 20)
     status, body = fresh_stack.run("airline", "11")
     assert status == 200
-    assert body["termination_reason"] == "too_many_errors" and body["num_errors"] == 10 and body["reward"] == 0.0
+    assert body["termination_reason"] == "too_many_errors" and body["num_tool_errors"] == 10 and body["reward"] == 0.0
     outputs = [item["output"] for item in body["response"]["output"] if item.get("type") == "function_call_output"]
     assert outputs[0] == "Error: Tool 'launch_rocket' not found."
 
@@ -105,7 +105,7 @@ def test_tool_calls_written_as_text_are_executed(fresh_stack):
         ]
     )
     status, body = fresh_stack.run("airline", "11")
-    assert status == 200 and body["reward"] == 1.0 and body["num_errors"] == 0
+    assert status == 200 and body["reward"] == 1.0 and body["num_tool_errors"] == 0
     assert body["token_contiguity"]["breaks"] == []
 
 

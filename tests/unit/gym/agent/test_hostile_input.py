@@ -158,7 +158,7 @@ def test_a_policy_call_the_servers_cannot_take_is_a_tool_error_and_the_episode_i
     assert status == 200 and body["status"] == "ok", body
     (output,) = [item["output"] for item in body["response"]["output"] if item["type"] == "function_call_output"]
     assert output.startswith("Error: ") and error in output
-    assert body["num_errors"] == 1 and "reward" in body
+    assert body["num_tool_errors"] == 1 and "reward" in body
     assert _live_sessions(fresh_stack) == 0
 
 

@@ -7,10 +7,10 @@ import orjson
 import pytest
 
 from nemo_tau2.gym.agent import user_strategies as strategies
-from nemo_tau2.gym.agent.conversation import EpisodeSettings, EpisodeState, start_conversation
+from nemo_tau2.gym.agent.conversation import EpisodeState, start_conversation
 from nemo_tau2.gym.agent.user_simulator import UserSimulator, tau2_trial_seed
 from nemo_tau2.gym.agent.user_strategies import UserStrategyConfig
-from nemo_tau2.gym.http_client import RetryConfig
+from nemo_tau2.gym.episode_config import EpisodeSettings
 from nemo_tau2.tau2_env import domains
 from nemo_tau2.tau2_env.gym_rows import task_row
 
@@ -20,16 +20,7 @@ DEVICE_TOOLS = [{"type": "function", "name": "toggle_airplane_mode", "parameters
 
 def _settings(strategy: str = "llm", **fields) -> EpisodeSettings:
     return EpisodeSettings(
-        max_steps=200,
-        max_errors=10,
-        max_turns=None,
-        user_params=PARAMS,
-        user_seed=300,
-        user_empty_retries=2,
-        policy_retry=RetryConfig(),
-        user_retry=RetryConfig(),
-        resources_retry=RetryConfig(),
-        user_strategy=UserStrategyConfig(strategy=strategy, **fields),
+        user_responses_create_params=PARAMS, user_strategy=UserStrategyConfig(strategy=strategy, **fields)
     )
 
 

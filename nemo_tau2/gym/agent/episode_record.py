@@ -1,0 +1,61 @@
+"""The episode record: what the agent's ``/run`` adds to tau2's verdict, one typed model from the agent to the metrics.
+
+The agent server builds an :class:`EpisodeData` for every episode (played or failed) and merges it into its answer;
+the rollout side reads it back with :meth:`EpisodeData.from_response` (a missing or renamed field is an error, not a
+silent 0), carries the same field names onto ``RolloutResult`` and ``rollouts.jsonl``, and the metrics read those
+names again. Token contiguity is computed once, by the agent; the status is one enum, :class:`EpisodeStatus`.
+"""
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class EpisodeStatus(StrEnum):
+    """``ok``: the episode was played and scored. ``infrastructure_error``: a server failed; never scored."""
+
+    OK = "ok"
+    INFRASTRUCTURE_ERROR = "infrastructure_error"
+
+
+class TokenContiguity(BaseModel):
+    """Whether each policy turn's prompt ids extend the previous turn's prompt + generation (training needs it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    checked_turns: int = Field(ge=0, description="Policy turns with token ids.")
+    breaks: list[str] = Field(description="Each break, readable (turn, position, why).")
+    first_break_turn: int | None = Field(description="The first turn that does not extend the previous; None: none.")
+
+
+class EpisodeData(BaseModel):
+    """The agent's episode fields (beside tau2's reward, components and transcript in the same answer)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    status: EpisodeStatus
+    domain: str
+    task_id: str
+    sample_index: int
+    conversation_id: str
+    policy_model: str | None = Field(description="The model that played the policy (as its server names it).")
+    error: str | None = Field(description="The infrastructure failure, when status is infrastructure_error.")
+    termination_reason: str | None = Field(description="tau2's termination reason (None: the episode failed).")
+    truncated_by: str | None = Field(description="The limit that cut the episode (max_steps, max_turns), if any.")
+    num_turns: int = Field(ge=0, description="Policy turns (model calls of the policy).")
+    num_user_turns: int = Field(ge=0)
+    num_steps: int = Field(ge=0, description="tau2's steps: every message hop.")
+    num_tool_errors: int = Field(ge=0, description="Tool calls that ended in an error (what max_errors counts).")
+    num_truncated_generations: int = Field(ge=0, description="Policy generations cut at max_output_tokens.")
+    prompt_tokens: int = Field(ge=0, description="The first policy turn's prompt.")
+    generation_tokens: int = Field(ge=0, description="Every token the policy generated.")
+    total_tokens: int = Field(ge=0, description="The last policy turn's prompt + generation: the whole sequence.")
+    token_contiguity: TokenContiguity
+    user_simulator: dict[str, Any] = Field(description="The user strategy's model calls and format fallbacks.")
+    timings: dict[str, float] = Field(description="Seconds per party (policy, user, tools, verify) and total.")
+
+    @classmethod
+    def from_response(cls, body: dict[str, Any]) -> "EpisodeData":
+        """The episode fields of an agent's ``/run`` answer; raises if one is missing or malformed."""
+        return cls.model_validate({name: body[name] for name in cls.model_fields if name in body})
