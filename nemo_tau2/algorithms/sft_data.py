@@ -31,12 +31,14 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nemo_tau2.experience.contiguity import check_contiguity
 from nemo_tau2.experience.rollouts import OK, RolloutResult, message_log_from_output
-from nemo_tau2.models.policy.data import TrainingSequence, sequence_from_message_log
 from nemo_tau2.tau2_env import domains
+
+if TYPE_CHECKING:  # the trainer (torch, Ray) is not loaded to convert data
+    from nemo_tau2.models.policy.data import TrainingSequence
 
 TEST_SPLIT = "test"
 
@@ -120,14 +122,14 @@ def rows_from_rollout_records(records: Iterable[dict[str, Any]], report: Convers
             raise SFTDataError(
                 f"rollout {where} has no transcript: rerun the evaluation with eval.keep_transcripts=true"
             )
-        log, breaks = message_log_from_output(transcript)
+        if record.get("token_contiguity_breaks"):  # the agent checked every turn's ids against the one before
+            report.skip("token contiguity broken (ids would not be what the model saw)")
+            continue
+        log = message_log_from_output(transcript, first_break_turn=None)
         if not log:
             raise SFTDataError(
                 f"rollout {where} has no token ids in its transcript: run with env.nemo_gym.return_token_ids=true"
             )
-        if breaks:
-            report.skip("token contiguity broken (ids would not be what the model saw)")
-            continue
         rows.append(
             sft_row(
                 record["domain"],
@@ -311,8 +313,10 @@ def read_sft_rows(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def training_sequence(row: dict[str, Any], max_total_sequence_length: int) -> TrainingSequence:
+def training_sequence(row: dict[str, Any], max_total_sequence_length: int) -> "TrainingSequence":
     """The row as the trainer sees it: loss on assistant tokens only (``token_mask``), cut to the length limit."""
+    from nemo_tau2.models.policy.data import sequence_from_message_log
+
     return sequence_from_message_log(
         row["message_log"], 0.0, max_total_sequence_length=max_total_sequence_length, truncate=True,
         with_generation_logprobs=False,

@@ -93,6 +93,21 @@ def test_min_reward_keeps_only_successes_and_dedup_drops_identical_trajectories(
     assert capped.returncode == 0 and len(_records(out)) == 3
 
 
+def test_an_episode_whose_token_ids_broke_contiguity_is_not_trained_on(rollouts, tmp_path):
+    records = _records(rollouts)
+    broken = next(i for i, r in enumerate(records) if r["status"] == "ok")
+    records[broken]["token_contiguity_breaks"] = ["turn 2: prompt differs from turn 1's prompt + generation at 17"]
+    edited = tmp_path / "rollouts.jsonl"
+    edited.write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = tmp_path / "rows.jsonl"
+    run = _prepare("--rollouts", str(edited), "--allow-test-split", "--keep-duplicates", "--output", str(out))
+    assert run.returncode == 0, run.stderr
+    kept = {(r["task_id"], r["sample_index"]) for r in _records(out)}
+    assert len(kept) == sum(r["status"] == "ok" for r in records) - 1
+    assert (records[broken]["task_id"], records[broken]["sample_index"]) not in kept
+    assert "contiguity" in run.stdout + run.stderr
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
