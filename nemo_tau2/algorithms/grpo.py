@@ -39,6 +39,7 @@ from nemo_tau2.algorithms.training_setup import (  # noqa: F401  (resumable_chec
     start_rollout_stack,
     sync_policy_weights,
     train_and_val_rows,
+    validation_dir,
     validation_metrics,
 )
 from nemo_tau2.experience.progress import RolloutProgress
@@ -231,13 +232,14 @@ def sync_weights(s: GRPOSetup) -> None:
     sync_policy_weights(s.policy, s.generation, s.cfg.checkpointing.checkpoint_dir)
 
 
-def validate(s: GRPOSetup) -> dict[str, float]:
-    """The evaluator's metrics (pass@k, pass^k, mean reward per domain) on the validation rows."""
+def validate(s: GRPOSetup, step: int) -> dict[str, float]:
+    """The evaluator's metrics (pass@k, pass^k, mean reward per domain) on the validation rows; the episodes go to
+    ``<logger.log_dir>/validation/step_<step>/rollouts.jsonl``."""
     grpo = s.cfg.grpo
     return validation_metrics(
         s.environment, s.val_rows[: grpo.max_val_samples], s.cfg.policy.generation,
         num_generations=grpo.val_num_generations_per_prompt, max_concurrency=grpo.max_rollout_concurrency,
-        seed=grpo.seed, on_progress=s.on_rollout_progress,
+        seed=grpo.seed, save_dir=validation_dir(s.cfg.logger.log_dir, step), on_progress=s.on_rollout_progress,
     )  # fmt: skip
 
 
@@ -258,7 +260,7 @@ def grpo_train(s: GRPOSetup, on_step: Callable[[int, dict[str, float]], None] | 
     cfg = s.cfg
     history = []
     if cfg.grpo.val_at_start and s.start_step == 0 and s.val_rows:
-        s.metrics_logger.log(0, validate(s))
+        s.metrics_logger.log(0, validate(s, 0))
     for step in range(s.start_step, cfg.grpo.max_num_steps):
         timings: dict[str, float] = {}
         with _timed(timings, "step"):
@@ -277,7 +279,7 @@ def grpo_train(s: GRPOSetup, on_step: Callable[[int, dict[str, float]], None] | 
         if s.val_rows and (
             (cfg.grpo.val_period and done % cfg.grpo.val_period == 0) or (last and cfg.grpo.val_at_end)
         ):
-            metrics |= validate(s)
+            metrics |= validate(s, done)
         s.metrics_logger.log(done, metrics)  # before the checkpoint: a kill in between re-runs and re-logs the step
         if cfg.checkpointing.enabled and (done % cfg.checkpointing.save_period == 0 or last):
             save_checkpoint(s, done)

@@ -148,11 +148,13 @@ def fine_tune(s: RFTSetup, rows: list[dict], round_index: int) -> dict[str, floa
     return mean | {"train/num_optimizer_steps": float(len(steps))}
 
 
-def validate(s: RFTSetup) -> dict[str, float]:
+def validate(s: RFTSetup, round_done: int) -> dict[str, float]:
+    """pass@k on the validation tasks after ``round_done`` rounds (episodes in ``<log_dir>/validation/step_<N>``)."""
     rft = s.cfg.rft
     return training_setup.validation_metrics(
         s.environment, s.val_rows[: rft.max_val_samples], s.cfg.policy.generation,
         num_generations=rft.val_num_generations_per_prompt, max_concurrency=rft.max_rollout_concurrency, seed=rft.seed,
+        save_dir=training_setup.validation_dir(s.cfg.logger.log_dir, round_done),
     )  # fmt: skip
 
 
@@ -172,7 +174,7 @@ def rft_train(s: RFTSetup, on_round: Callable[[int, dict[str, Any]], None] | Non
     cfg, rft = s.cfg, s.cfg.rft
     history = []
     if rft.val_at_start and s.start_round == 0 and s.val_rows:
-        start = validate(s)
+        start = validate(s, 0)
         s.metrics_logger.log(0, start)
         if on_round is not None:
             on_round(0, start)
@@ -192,7 +194,7 @@ def rft_train(s: RFTSetup, on_round: Callable[[int, dict[str, Any]], None] | Non
             metrics |= fine_tune(s, s.kept_so_far, round_index)
             sync_weights(s)
         if s.val_rows:
-            metrics |= validate(s)
+            metrics |= validate(s, round_index + 1)
         done = round_index + 1
         s.metrics_logger.log(done, metrics)
         if cfg.checkpointing.enabled:

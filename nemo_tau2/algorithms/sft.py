@@ -151,8 +151,9 @@ def validation_loss(policy: Policy, sequences: list[TrainingSequence]) -> dict[s
     return {"val/loss": total / max(count, 1), "val/num_tokens": float(count)}
 
 
-def validate(s: SFTSetup) -> dict[str, float]:
-    """Validation loss on ``val_batches`` batches of held-out rows, and pass@1 on the validation tasks."""
+def validate(s: SFTSetup, step: int) -> dict[str, float]:
+    """Validation loss on ``val_batches`` batches of held-out rows, and pass@1 on the validation tasks (episodes in
+    ``<logger.log_dir>/validation/step_<step>/rollouts.jsonl``)."""
     sft = s.cfg.sft
     metrics: dict[str, float] = {}
     if s.val_sequences:
@@ -163,7 +164,7 @@ def validate(s: SFTSetup) -> dict[str, float]:
         metrics |= training_setup.validation_metrics(
             s.environment, s.eval_rows[: sft.max_val_samples], s.cfg.policy.generation,
             num_generations=sft.val_num_generations_per_prompt, max_concurrency=sft.max_rollout_concurrency,
-            seed=sft.seed,
+            seed=sft.seed, save_dir=training_setup.validation_dir(s.cfg.logger.log_dir, step),
         )  # fmt: skip
     return metrics
 
@@ -210,7 +211,7 @@ def sft_train(s: SFTSetup, on_step: Callable[[int, dict[str, Any]], None] | None
     total = total_steps(cfg, len(s.train_sequences))
     history = []
     if sft.val_at_start and s.start_step == 0:
-        s.metrics_logger.log(0, validate(s))
+        s.metrics_logger.log(0, validate(s, 0))
     for step in range(s.start_step, total):
         epoch = step // steps_per_epoch
         metrics = train_step(s.policy, [s.train_sequences[i] for i in schedule[step]])
@@ -218,7 +219,7 @@ def sft_train(s: SFTSetup, on_step: Callable[[int, dict[str, Any]], None] | None
         done = step + 1
         last = done == total
         if (sft.val_period and done % sft.val_period == 0) or (last and sft.val_at_end):
-            metrics |= validate(s)
+            metrics |= validate(s, done)
         s.metrics_logger.log(done, metrics)  # before the checkpoint: a kill in between re-runs and re-logs the step
         if cfg.checkpointing.enabled and (done % cfg.checkpointing.save_period == 0 or last):
             save_checkpoint(s, done, epoch)

@@ -6,6 +6,7 @@ the evaluator's metrics, and the newest whole checkpoint to resume from. The con
 ``policy``, ``user``, ``env.nemo_gym``, ``checkpointing``, ``logger``, ``cluster`` and ``tiny_policy``.
 """
 
+import asyncio
 import logging
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -13,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from nemo_tau2.evals.metrics import EpisodeRecord, compute_eval_metrics
+from nemo_tau2.evals.results import RolloutLog, record_of
 from nemo_tau2.experience.progress import RolloutProgress
-from nemo_tau2.experience.rollouts import RolloutResult, SamplingParams, run_nemo_gym_rollout_sync
+from nemo_tau2.experience.rollouts import RolloutResult, SamplingParams, run_async_nemo_gym_rollout
 from nemo_tau2.generation.launch import GenerationHandle, start_generation
 from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec
 from nemo_tau2.models.memory_plan import MemoryPlan, make_plan
@@ -128,17 +130,41 @@ def validation_metrics(
     num_generations: int,
     max_concurrency: int,
     seed: int,
+    save_dir: Path | None = None,
     prefix: str = "val",
     on_progress: Callable[[RolloutProgress], None] | None = None,
 ) -> dict[str, float]:
-    """Roll out ``num_generations`` episodes of each row with the served weights; the evaluator's metrics."""
+    """Roll out ``num_generations`` episodes of each row with the served weights; the evaluator's metrics.
+
+    With ``save_dir``, each episode goes to ``<save_dir>/rollouts.jsonl`` as it finishes, in the evaluator's format
+    with its transcript and token ids: ``prepare_sft_data.py --rollouts <save_dir>`` turns them into SFT rows."""
     repeated = [row | {"sample_index": k} for row in rows for k in range(num_generations)]
-    results = run_nemo_gym_rollout_sync(
-        repeated,
-        environment.agent_urls,
-        SamplingParams.from_generation(generation_cfg),
-        1,
-        max_concurrency=max_concurrency,
-        on_progress=on_progress,
-    )
+    results: list[RolloutResult] = []
+    log = RolloutLog(Path(save_dir)) if save_dir is not None else None
+
+    async def collect() -> None:
+        async for group in run_async_nemo_gym_rollout(
+            repeated,
+            environment.agent_urls,
+            SamplingParams.from_generation(generation_cfg),
+            1,
+            max_concurrency=max_concurrency,
+            keep_full_result=log is not None,
+            on_progress=on_progress,
+        ):
+            for result in group.results:
+                if log is not None:
+                    log.append(record_of(result, keep_transcript=True))
+                results.append(result)
+
+    try:
+        asyncio.run(collect())
+    finally:
+        if log is not None:
+            log.close()
     return rollout_pass_metrics(results, num_generations, seed, prefix)
+
+
+def validation_dir(log_dir: str | Path, step: int) -> Path:
+    """Where a training run keeps the validation episodes of ``step`` (``validation_metrics``' ``save_dir``)."""
+    return Path(log_dir) / "validation" / f"step_{step}"
