@@ -125,9 +125,9 @@ def _sft_and_validate(tmp: Path, start: Path, rows: Path, *overrides: str) -> di
     eval_rows = load_rows(domains_=["mock"], split="base", task_ids=TASKS, compact=True)
     s = sft.setup(cfg, [json.loads(line) for line in rows.read_text().splitlines()], [], eval_rows)
     try:
-        before = sft.validate(s)["val/overall/pass@1"]
+        before = sft.validate(s, 0)["val/overall/pass@1"]
         history = sft.sft_train(s)
-        after = sft.validate(s)["val/overall/pass@1"]
+        after = sft.validate(s, len(history))["val/overall/pass@1"]
     finally:
         s.close()
     assert (tmp / "checkpoints" / "final_hf" / "config.json").is_file()
@@ -151,13 +151,16 @@ def test_two_rft_rounds_raise_pass_at_1_on_the_train_tasks(start, tmp_path):
     train_rows, val_rows = rft.load_rows(cfg)
     s = rft.setup(cfg, train_rows, val_rows)
     try:
-        before = rft.validate(s)["val/overall/pass@1"]
+        before = rft.validate(s, 0)["val/overall/pass@1"]
         history = rft.rft_train(s)
     finally:
         s.close()
     assert len(history) == 2 and all(h["rft/num_kept"] > 0 for h in history), history
     after = history[-1]["val/overall/pass@1"]
-    assert after > before + 0.2, (before, [h["val/overall/pass@1"] for h in history])
+    # measured (4 runs): 0.19-0.25 -> 0.88-0.97 on validation; the sampled episodes of round 2 (after round 1's
+    # update) succeed 0.69-0.78 against 0.09-0.19 in round 1
+    assert after > before + 0.3, (before, [h["val/overall/pass@1"] for h in history])
+    assert history[1]["train/overall/pass@1"] > history[0]["train/overall/pass@1"] + 0.2, history
     assert (tmp_path / "checkpoints" / "final_hf" / "config.json").is_file()
 
 
