@@ -5,7 +5,8 @@ SmolLM2-135M's shape, same cost as the real weights) and a batch of ``--batch`` 
 (the second half generated):
 
 - ``get_logprobs_s``: one no-grad pass over the batch; ``train_step_s``: one ``Policy.train`` (forward, backward,
-  clip, AdamW step), median of ``--steps`` after a warm-up, and the tokens/s both give;
+  clip, AdamW step), median of ``--steps`` after a warm-up, and the tokens/s both give; ``sft_step_s`` /
+  ``sft_train_tok_s``: the same step with SFT's NLL loss (``run_sft.py``), and its speed-up over GRPO's step;
 - ``export_s``: ``state_dict_for_generation()``; ``clone_s``: what a copy of it would cost instead;
   ``update_weights_s``: ``GenerationHandle.update_weights`` into an in-process hf server of the same shape;
 - with ``--ray-workers N``: ``ray_startup_s`` (``ray.init`` + N actors ready, model shipped) and their train step;
@@ -39,7 +40,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import nemo_tau2  # noqa: F401  (offline settings first)
-from nemo_tau2.algorithms.loss import ClippedPGLossConfig, ClippedPGLossFn
+from nemo_tau2.algorithms.loss import ClippedPGLossConfig, ClippedPGLossFn, NLLLossFn
 from nemo_tau2.generation import GenerationConfig, start_generation
 from nemo_tau2.generation.tiny_model import SMOLLM2_135M_SHAPE, build_tiny_model
 from nemo_tau2.models.policy import Policy, PolicyConfig, TrainingSequence
@@ -177,12 +178,17 @@ def _train_timings(policy: Policy, sequences: list[TrainingSequence], steps: int
         seq.prev_logprobs = lp
     policy.train(sequences, LOSS)  # warm-up
     train_s, _ = _timed(lambda: policy.train(sequences, LOSS), steps)
+    # SFT's step (run_sft.py): the same trainer with the NLL loss; no logprob pass before it
+    sft_s, _ = _timed(lambda: policy.train(sequences, NLLLossFn()), steps)
     tokens = sum(len(s) for s in sequences)
     return {
         "get_logprobs_s": logprob_s,
         "get_logprobs_tok_s": tokens / logprob_s,
         "train_step_s": train_s,
         "train_tok_s": tokens / train_s,
+        "sft_step_s": sft_s,
+        "sft_train_tok_s": tokens / sft_s,
+        "sft_vs_grpo_train_step": train_s / sft_s,
     }
 
 

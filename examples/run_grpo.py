@@ -18,6 +18,7 @@ import nemo_tau2  # noqa: F401  (offline settings before tau2 loads litellm)
 from nemo_tau2.config import ConfigError, apply_overrides, load_config, parse_args, redact_secrets, validate_config
 from nemo_tau2.generation.errors import GenerationStartupError
 from nemo_tau2.gym.launch import ServerStartError
+from nemo_tau2.utils import console_table
 from nemo_tau2.utils.jsonl_log import write_json_atomic
 
 COLUMNS = [
@@ -34,16 +35,6 @@ COLUMNS = [
     ("timing/train_s", "train s", "{:>7.1f}"),
     ("timing/weight_sync_s", "sync s", "{:>6.2f}"),
 ]
-
-
-def _row(step: int, metrics: dict) -> str:
-    values = {"step": step, **metrics}
-    cells = []
-    for key, _, fmt in COLUMNS:
-        value = values.get(key)
-        width = len(fmt.format(0)) if key != "step" else 5
-        cells.append(fmt.format(value) if isinstance(value, int | float) else "-".rjust(width))
-    return " ".join(cells)
 
 
 def main() -> int:
@@ -115,15 +106,14 @@ def main() -> int:
             f"({cfg.checkpointing.checkpoint_dir})",
             file=sys.stderr,
         )
-    header = " ".join(title.rjust(len(fmt.format(0)) if key != "step" else 5) for key, title, fmt in COLUMNS)
     progress = tqdm(total=cfg.grpo.max_num_steps, initial=setup.start_step, desc="GRPO steps", unit="step")
-    progress.write(header)
+    progress.write(console_table.header(COLUMNS))
     setup.on_rollout_progress = lambda snapshot: progress.set_postfix_str(
         f"rollout {snapshot.episodes_done}/{snapshot.episodes_total} episodes, {snapshot.describe()}"
     )
 
     def on_step(step: int, metrics: dict) -> None:
-        progress.write(_row(step, metrics))
+        progress.write(console_table.row(COLUMNS, step, metrics))
         val = {k: v for k, v in metrics.items() if k.startswith("val/") and "pass@1" in k}
         if val:
             progress.write("  validation: " + ", ".join(f"{k.removeprefix('val/')}={v:.3f}" for k, v in val.items()))

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from nemo_tau2.algorithms import training_setup
 from nemo_tau2.algorithms.advantages import compute_advantages
 from nemo_tau2.algorithms.agreement import generation_agreement
 from nemo_tau2.algorithms.curriculum import TaskCurriculum
@@ -32,23 +33,23 @@ from nemo_tau2.algorithms.grpo_config import GRPOMasterConfig
 from nemo_tau2.algorithms.loss import ClippedPGLossFn
 from nemo_tau2.algorithms.reward_shaping import shape_reward
 from nemo_tau2.algorithms.sampling import DynamicSampler, EpisodeGroup, ScoredEpisode, flatten_groups
-from nemo_tau2.evals.metrics import EpisodeRecord, compute_eval_metrics
-from nemo_tau2.experience.progress import RolloutProgress
-from nemo_tau2.experience.rollouts import (
-    RolloutResult,
-    SamplingParams,
-    rollout_metrics,
-    run_nemo_gym_rollout_sync,
+from nemo_tau2.algorithms.training_setup import (  # noqa: F401  (resumable_checkpoint, checkpoint_step: this module's API)
+    checkpoint_step,
+    resumable_checkpoint,
+    start_rollout_stack,
+    sync_policy_weights,
+    train_and_val_rows,
+    validation_dir,
+    validation_metrics,
 )
-from nemo_tau2.generation.launch import GenerationHandle, start_generation
-from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec
-from nemo_tau2.models.memory_plan import MemoryPlan, make_plan
-from nemo_tau2.models.model_shape import find_model_config, model_shape
-from nemo_tau2.models.policy import checkpoint as ckpt
+from nemo_tau2.experience.progress import RolloutProgress
+from nemo_tau2.experience.rollouts import RolloutResult, SamplingParams, rollout_metrics, run_nemo_gym_rollout_sync
+from nemo_tau2.generation.launch import GenerationHandle
+from nemo_tau2.gym.environment import Tau2Environment
+from nemo_tau2.models.memory_plan import MemoryPlan
 from nemo_tau2.models.policy.checkpoint import prune_checkpoints, step_dir
 from nemo_tau2.models.policy.data import TrainingSequence, sequence_from_message_log
 from nemo_tau2.models.policy.lm_policy import Policy
-from nemo_tau2.tau2_env import gym_rows
 from nemo_tau2.utils.metrics_logger import MetricsLogger
 
 logger = logging.getLogger(__name__)
@@ -89,43 +90,8 @@ def _timed(timings: dict[str, float], name: str) -> Iterator[None]:
 
 
 def plan_memory(cfg: GRPOMasterConfig) -> MemoryPlan:
-    """The run's memory plan (see ``models.memory_plan``), from the model's config.json only: nothing starts.
-
-    A tiny policy that is built on first use has the tiny Llama's architecture until it exists.
-    """
-    name = cfg.policy.model_name
-    if cfg.tiny_policy is not None and not Path(name).exists():
-        from nemo_tau2.algorithms.tiny_policy import tiny_policy_architecture
-
-        architecture, source = tiny_policy_architecture(cfg.tiny_policy), "tiny_policy (built on first run)"
-    else:
-        architecture, source = find_model_config(name)
-    shape = model_shape(architecture, name, source)
-    return make_plan(cfg.policy, cfg.cluster, reference=cfg.loss_fn.reference_policy_kl_penalty > 0, shape=shape)
-
-
-def resumable_checkpoint(checkpoint_dir: str | Path) -> Path | None:
-    """The newest checkpoint that is whole: every part present and a trainer state that parses with its step.
-
-    Checkpoints are renamed into place only once complete, but a copy, a sync or a crash of the filesystem can
-    still leave a ``step_<N>`` folder with a part missing or cut short; resuming from it would fail or, worse,
-    resume from garbage. Such folders are skipped with a warning naming what is wrong, and never deleted.
-    """
-    for step, path in reversed(ckpt.list_checkpoints(checkpoint_dir)):
-        try:
-            ckpt.check_checkpoint_dir(path)
-            if int(ckpt.read_trainer_state(path)["step"]) != step:
-                raise ValueError(f"its trainer state is for another step than {step}")
-        except (OSError, ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
-            logger.warning("not resuming from %s, it is incomplete: %s", path, e)
-            continue
-        return path
-    return None
-
-
-def checkpoint_step(path: Path) -> int:
-    """The step a checkpoint (from :func:`resumable_checkpoint`) was taken after."""
-    return int(ckpt.read_trainer_state(path)["step"])
+    """The run's memory plan (see ``training_setup.plan_memory``): nothing starts."""
+    return training_setup.plan_memory(cfg, reference=cfg.loss_fn.reference_policy_kl_penalty > 0)
 
 
 def setup(cfg: GRPOMasterConfig, train_rows: list[dict], val_rows: list[dict]) -> GRPOSetup:
@@ -137,15 +103,9 @@ def setup(cfg: GRPOMasterConfig, train_rows: list[dict], val_rows: list[dict]) -
             cfg.policy, init_reference_model=cfg.loss_fn.reference_policy_kl_penalty > 0, seed=cfg.grpo.seed
         )
         resources.callback(policy.shutdown)
-        generation = resources.enter_context(start_generation(cfg.policy.generation))
-        spec = Tau2EnvironmentSpec(
-            policy=generation,
-            user=cfg.user,
-            domains=sorted({str(row["domain"]) for row in train_rows + val_rows}),
-            gym=cfg.env.nemo_gym,
-            log_dir=Path(cfg.logger.log_dir) / "server_logs",
+        generation, environment = start_rollout_stack(
+            cfg, [str(row["domain"]) for row in train_rows + val_rows], resources
         )
-        environment = resources.enter_context(Tau2Environment(spec))
         curriculum = TaskCurriculum([_task_key(row) for row in train_rows], cfg.grpo.curriculum, cfg.grpo.seed)
         metrics_logger = resources.enter_context(MetricsLogger(cfg.logger))
         start_step = 0
@@ -268,34 +228,19 @@ def train(s: GRPOSetup, sequences: list[TrainingSequence]) -> dict[str, float]:
 
 
 def sync_weights(s: GRPOSetup) -> None:
-    """Load the trainer's weights into the generation backend in place (no restart).
-
-    Both ways take the same gathered stream of full tensors: copied straight into the in-process engine, or
-    written as safetensors files a server reloads (vLLM, hf subprocess)."""
-    if s.generation.engine is not None:  # hf in this process: copy tensors as they are gathered
-        s.generation.update_weights(s.policy.stream_weights_for_generation())
-    else:  # a generation server in another process (vLLM, hf subprocess): through a checkpoint directory
-        directory = Path(s.cfg.checkpointing.checkpoint_dir) / "weights_for_generation"
-        s.generation.update_weights(checkpoint_dir=str(s.policy.save_hf_model(directory)))
+    """Load the trainer's weights into the generation backend in place (no restart)."""
+    sync_policy_weights(s.policy, s.generation, s.cfg.checkpointing.checkpoint_dir)
 
 
-def validate(s: GRPOSetup) -> dict[str, float]:
-    """The evaluator's metrics (pass@k, pass^k, mean reward per domain) on the validation rows."""
-    grpo, generation = s.cfg.grpo, s.cfg.policy.generation
-    n = grpo.val_num_generations_per_prompt
-    rows = [row | {"sample_index": k} for row in s.val_rows[: grpo.max_val_samples] for k in range(n)]
-    sampling = SamplingParams.from_generation(generation)
-    results = run_nemo_gym_rollout_sync(
-        rows,
-        s.environment.agent_urls,
-        sampling,
-        1,
-        max_concurrency=grpo.max_rollout_concurrency,
-        on_progress=s.on_rollout_progress,
-    )
-    records = [EpisodeRecord.from_dict(vars(result)) for result in results]
-    metrics = compute_eval_metrics(records, ks=sorted({1, n}), num_bootstrap=0, seed=grpo.seed)
-    return {"val/" + key.removeprefix("eval/"): value for key, value in metrics.items()}
+def validate(s: GRPOSetup, step: int) -> dict[str, float]:
+    """The evaluator's metrics (pass@k, pass^k, mean reward per domain) on the validation rows; the episodes go to
+    ``<logger.log_dir>/validation/step_<step>/rollouts.jsonl``."""
+    grpo = s.cfg.grpo
+    return validation_metrics(
+        s.environment, s.val_rows[: grpo.max_val_samples], s.cfg.policy.generation,
+        num_generations=grpo.val_num_generations_per_prompt, max_concurrency=grpo.max_rollout_concurrency,
+        seed=grpo.seed, save_dir=validation_dir(s.cfg.logger.log_dir, step), on_progress=s.on_rollout_progress,
+    )  # fmt: skip
 
 
 def save_checkpoint(s: GRPOSetup, step: int) -> Path:
@@ -315,7 +260,7 @@ def grpo_train(s: GRPOSetup, on_step: Callable[[int, dict[str, float]], None] | 
     cfg = s.cfg
     history = []
     if cfg.grpo.val_at_start and s.start_step == 0 and s.val_rows:
-        s.metrics_logger.log(0, validate(s))
+        s.metrics_logger.log(0, validate(s, 0))
     for step in range(s.start_step, cfg.grpo.max_num_steps):
         timings: dict[str, float] = {}
         with _timed(timings, "step"):
@@ -334,7 +279,7 @@ def grpo_train(s: GRPOSetup, on_step: Callable[[int, dict[str, float]], None] | 
         if s.val_rows and (
             (cfg.grpo.val_period and done % cfg.grpo.val_period == 0) or (last and cfg.grpo.val_at_end)
         ):
-            metrics |= validate(s)
+            metrics |= validate(s, done)
         s.metrics_logger.log(done, metrics)  # before the checkpoint: a kill in between re-runs and re-logs the step
         if cfg.checkpointing.enabled and (done % cfg.checkpointing.save_period == 0 or last):
             save_checkpoint(s, done)
@@ -356,15 +301,4 @@ def _per_domain_success(results: list[RolloutResult]) -> dict[str, Any]:
 
 def load_rows(cfg: GRPOMasterConfig) -> tuple[list[dict], list[dict]]:
     """Training and validation rows: from JSONL files, or the configured splits of ``data.domains``."""
-    data = cfg.data
-    common = {"domains_": data.domains, "task_ids": data.task_ids, "compact": data.compact_rows}
-    train_rows = gym_rows.load_rows(
-        data_path=data.train_data_path, split=data.train_split, split_key="train_split", path_key="train_data_path",
-        **common,
-    )  # fmt: skip
-    if not train_rows:
-        raise ValueError("the GRPO config selects no training rows (data.domains, data.train_split, data.task_ids)")
-    val_rows = gym_rows.load_rows(
-        data_path=data.val_data_path, split=data.val_split, split_key="val_split", path_key="val_data_path", **common
-    )
-    return train_rows, val_rows
+    return train_and_val_rows(cfg.data)

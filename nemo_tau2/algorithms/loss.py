@@ -233,6 +233,8 @@ class ClippedPGLossFn:
     def __init__(self, cfg: ClippedPGLossConfig) -> None:
         self.cfg = cfg
 
+    needs_prev_logprobs = True
+
     @property
     def needs_reference_logprobs(self) -> bool:
         return self.cfg.reference_policy_kl_penalty > 0
@@ -242,3 +244,46 @@ class ClippedPGLossFn:
 
     def __repr__(self) -> str:
         return f"ClippedPGLossFn({self.cfg!r})"
+
+
+def nll_loss(
+    *,
+    curr_logprobs: torch.Tensor,
+    token_mask: torch.Tensor,
+    sample_mask: torch.Tensor,
+    global_valid_tokens: float | None = None,
+    **_unused: torch.Tensor | float | None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Supervised fine-tuning's loss: the mean negative log-likelihood of the masked-in tokens (assistant turns).
+
+    ``mean_t -log pi_theta(x_t)`` over tokens with ``token_mask * sample_mask == 1``, divided by the valid tokens of
+    the whole global batch (``global_valid_tokens``) so micro-batch losses add up. Masked positions are selected
+    away with ``torch.where`` before anything touches them, so whatever they hold (NaN, -inf) changes neither the
+    loss nor its gradient; the other tensors the trainer passes (advantages, generation logprobs) are not read.
+    """
+    mask = (token_mask.float() * sample_mask.float().unsqueeze(-1)) > 0
+    nll = torch.where(mask, -curr_logprobs, torch.zeros((), dtype=curr_logprobs.dtype, device=curr_logprobs.device))
+    num_tokens = mask.sum()
+    total = global_valid_tokens if global_valid_tokens is not None else num_tokens.clamp(min=1)
+    loss = nll.sum() / total
+    with torch.no_grad():
+        metrics = {
+            "loss": loss.item(),
+            "nll_per_token": (nll.sum() / num_tokens.clamp(min=1)).item(),
+            "num_valid_tokens": num_tokens.item(),
+            "num_valid_samples": (mask.sum(-1) > 0).sum().item(),
+        }
+    return loss, metrics
+
+
+class NLLLossFn:
+    """:func:`nll_loss` as the trainer calls it (NeMo-RL's ``NLLLoss``): ``policy.train(sequences, NLLLossFn())``."""
+
+    needs_prev_logprobs = False
+    needs_reference_logprobs = False
+
+    def __call__(self, **tensors: torch.Tensor | float | None) -> tuple[torch.Tensor, dict[str, float]]:
+        return nll_loss(**tensors)  # type: ignore[arg-type]
+
+    def __repr__(self) -> str:
+        return "NLLLossFn()"

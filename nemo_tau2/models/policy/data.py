@@ -74,6 +74,7 @@ def sequence_from_message_log(
     loss_multiplier: float = 1.0,
     max_total_sequence_length: int | None = None,
     truncate: bool = False,
+    with_generation_logprobs: bool = True,
 ) -> TrainingSequence:
     """The training sequence of one episode's NeMo-RL ``message_log`` (see ``experience.rollouts``).
 
@@ -88,6 +89,8 @@ def sequence_from_message_log(
             ``truncate=True`` only its first ``max_total_sequence_length`` tokens are kept (the rest of the
             episode, including its final turns, gets no loss; the advantage still reflects the whole episode).
         truncate: See ``max_total_sequence_length``.
+        with_generation_logprobs: False for supervised data (no sampling happened): assistant messages need no
+            ``generation_logprobs`` and get 0.0.
     """
     token_ids: list[int] = []
     token_mask: list[int] = []
@@ -97,7 +100,7 @@ def sequence_from_message_log(
         if not isinstance(ids, list):
             raise ValueError(f"message_log[{index}] has no token_ids list (role {message.get('role')!r})")
         if message.get("role") == "assistant":
-            generated = message.get("generation_logprobs")
+            generated = message.get("generation_logprobs") if with_generation_logprobs else [0.0] * len(ids)
             if not isinstance(generated, list) or len(generated) != len(ids):
                 got = len(generated) if isinstance(generated, list) else generated
                 raise ValueError(

@@ -130,7 +130,7 @@ class Policy:
     def _check_for_training(self, sequences: Sequence[TrainingSequence], loss_fn: LossFunction) -> None:
         self._check(sequences)
         for index, seq in enumerate(sequences):
-            if seq.prev_logprobs is None:
+            if loss_fn.needs_prev_logprobs and seq.prev_logprobs is None:
                 raise ValueError(f"sequences[{index}].prev_logprobs is None: set it from Policy.get_logprobs first")
             if loss_fn.needs_reference_logprobs and seq.reference_logprobs is None:
                 raise ValueError(

@@ -237,7 +237,6 @@ class PolicyWorker:
         self, micro: Sequence[TrainingSequence], loss_fn: LossFunction, valid_toks: float, valid_seqs: float
     ) -> dict[str, float]:
         batch = self._collate(micro)
-        assert batch.prev_logprobs is not None  # checked by the Policy
         logits = self._logits(self.model, batch)
         loss, metrics = loss_fn(
             curr_logprobs=self._token_logprobs(logits, batch),

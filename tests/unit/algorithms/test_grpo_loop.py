@@ -19,6 +19,7 @@ import torch
 
 from nemo_tau2.algorithms import grpo
 from nemo_tau2.algorithms.grpo_config import GRPOMasterConfig
+from nemo_tau2.algorithms.sft_data import ConversionReport, rows_from_rollout_records
 from nemo_tau2.config import apply_overrides, load_config, validate_config
 from nemo_tau2.generation.validation import gym_rule_violations
 from nemo_tau2.testing.warm_start import build_tiny_policy, first_call_preference
@@ -59,19 +60,34 @@ def test_shipped_grpo_configs_validate_and_keep_the_gym_rules(name):
     assert cfg.grpo.max_num_steps > 0
 
 
+def _check_validation_episodes_become_sft_rows(folder: Path, val_rows: list[dict], cfg: GRPOMasterConfig) -> None:
+    """Validation writes its episodes as the evaluator does; the SFT converter reads them with their token ids."""
+    records = [json.loads(line) for line in (folder / "rollouts.jsonl").read_text().splitlines()]
+    expected = len(val_rows[: cfg.grpo.max_val_samples]) * cfg.grpo.val_num_generations_per_prompt
+    assert len(records) == expected and all(r["status"] == "ok" and r["transcript"] for r in records)
+    report = ConversionReport()
+    rows = rows_from_rollout_records(records, report)
+    assert len(rows) == expected and not report.skipped
+    for row, record in zip(rows, records, strict=True):
+        last = [item for item in record["transcript"] if item.get("generation_token_ids")][-1]
+        ids = [token for message in row["message_log"] for token in message["token_ids"]]
+        assert ids == last["prompt_token_ids"] + last["generation_token_ids"]
+
+
 def _train_and_validate(tiny_policy: Path, tmp: Path, *overrides: str) -> dict:
     cfg = _config(tmp, tiny_policy, "grpo.max_num_steps=8", "checkpointing.enabled=false", *overrides)
     train_rows, val_rows = grpo.load_rows(cfg)
     s = grpo.setup(cfg, train_rows, val_rows)
     try:
-        before = grpo.validate(s)["val/overall/mean_reward"]
+        before = grpo.validate(s, 0)["val/overall/mean_reward"]
         history = grpo.grpo_train(s)
-        after = grpo.validate(s)["val/overall/mean_reward"]
+        after = grpo.validate(s, 8)["val/overall/mean_reward"]
         trained = s.policy.save_hf_model(tmp / "trained")
     finally:
         s.close()
     assert len(history) == 8
     assert all(step["train/rollout/num_infrastructure_errors"] == 0 for step in history)
+    _check_validation_episodes_become_sft_rows(tmp / "logs" / "validation" / "step_8", val_rows, cfg)
     return {"before": before, "after": after, "margin": first_call_preference(trained, train_rows)}
 
 

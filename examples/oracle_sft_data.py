@@ -1,0 +1,92 @@
+"""An oracle teacher without an LLM: the scripted fake's oracle policy plays tau2 tasks; its successful episodes
+become OpenAI conversations (messages + tools) for ``prepare_sft_data.py --conversations ... --tokenizer POLICY``.
+
+    uv run examples/oracle_sft_data.py --domains mock --split base --compact-rows --output data/oracle.jsonl
+
+The episodes are real: the Gym agent and tau2 resources servers, tau2's scoring, the fake's scripted user; only the
+policy is the fake's oracle (each gold action in order, then the closing question), served as the ``fake``
+generation backend. A real pipeline would use a stronger model's episodes (``run_eval.py`` with that model, then
+``prepare_sft_data.py --rollouts``, or its conversations). The written conversations carry the rows' own system
+prompt and tools (``--compact-rows`` for toy models), so the SFT data matches what the policy sees in RFT and GRPO.
+"""
+
+import argparse
+import json
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+from types import SimpleNamespace
+
+import nemo_tau2  # noqa: F401  (offline settings before tau2 loads litellm)
+from nemo_tau2.tau2_env import DOMAINS
+
+FAKE = {"backend": "fake", "temperature": 1.0, "top_p": 1.0, "max_new_tokens": 1024, "fake_cfg": {}}
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    parser.add_argument("--domains", nargs="+", choices=DOMAINS, required=True)
+    parser.add_argument("--split", default="train", help="tau2 split of each domain (default: train)")
+    parser.add_argument("--task-ids", nargs="+", default=None, help="only these tasks of the split")
+    parser.add_argument("--compact-rows", action="store_true", help="short system prompt, only gold tools (toys)")
+    parser.add_argument("--samples-per-task", type=int, default=1, help="episodes per task (user seeds differ)")
+    parser.add_argument("--output", type=Path, required=True, help="conversations JSONL to write")
+    parser.add_argument("--log-dir", type=Path, default=None, help="Gym server logs (default: beside --output)")
+    args = parser.parse_args(argv)
+    if args.samples_per_task < 1:
+        parser.error("--samples-per-task must be at least 1")
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = parse(argv)
+    from nemo_tau2.algorithms.grpo_config import GRPOEnvConfig
+    from nemo_tau2.algorithms.sft_data import conversation_from_episode
+    from nemo_tau2.algorithms.training_setup import start_rollout_stack
+    from nemo_tau2.evals.config import UserSimulatorConfig
+    from nemo_tau2.experience.rollouts import SamplingParams, run_nemo_gym_rollout_sync
+    from nemo_tau2.generation.config import GenerationConfig
+    from nemo_tau2.tau2_env.gym_rows import load_rows
+
+    try:
+        rows = load_rows(
+            domains_=args.domains, split=args.split, task_ids=args.task_ids, compact=args.compact_rows,
+            what="oracle_sft_data.py", split_key="split",
+        )  # fmt: skip
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not rows:
+        print(f"error: no task of split {args.split!r} in {args.domains} matches --task-ids", file=sys.stderr)
+        return 2
+    policy = GenerationConfig.model_validate(FAKE)
+    cfg = SimpleNamespace(
+        policy=SimpleNamespace(generation=policy),
+        user=UserSimulatorConfig.model_validate({"generation": FAKE | {"temperature": 0.0}}),
+        env=GRPOEnvConfig(),
+        logger=SimpleNamespace(log_dir=str(args.log_dir or args.output.parent / "oracle_logs")),
+    )
+    n = args.samples_per_task
+    repeated = [row for row in rows for _ in range(n)]
+    with ExitStack() as resources:
+        _, environment = start_rollout_stack(cfg, [row["domain"] for row in rows], resources)
+        results = run_nemo_gym_rollout_sync(
+            repeated, environment.agent_urls, SamplingParams.from_generation(policy), n, keep_full_result=True
+        )
+    conversations = []
+    for row, result in zip(repeated, results, strict=True):
+        if result.ok and result.success:
+            conversation = conversation_from_episode(row, result.full_result["response"]["output"])
+            conversations.append(conversation | {"reward": result.reward, "sample_index": result.sample_index})
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.output.with_name(args.output.name + ".tmp")
+    tmp.write_text("".join(json.dumps(c) + "\n" for c in conversations))
+    tmp.replace(args.output)
+    failed = len(results) - len(conversations)
+    print(f"oracle: {len(conversations)} successful episodes of {len(results)} ({failed} not kept) -> {args.output}")
+    print(json.dumps({"episodes": len(results), "written": len(conversations)}))
+    return 0 if conversations else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,68 @@
+"""The RFT config (``examples/configs/rft_*.yaml``): the ``rft`` loop block, the rest as in GRPO.
+
+``rft`` (rounds, episodes per task, the keep filter, fine-tuning per round, validation), ``policy`` (trainer and
+``policy.generation``, whose ``temperature``/``top_p`` the episodes are sampled with), ``user``, ``env.nemo_gym``,
+``data`` (GRPO's: train and validation tasks), ``checkpointing``, ``logger``, ``cluster`` and ``tiny_policy``.
+
+Defaults follow slime's tau2 pipeline (peers.md, section 1): keep episodes with reward >= 1 (its RFT filter), 4
+samples per task (its GRPO group size); its rollouts sample at temperature 0.7 (set in ``policy.generation``).
+"""
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from nemo_tau2.algorithms.grpo_config import GRPODataConfig, GRPOEnvConfig, GRPOPolicyConfig, LoggerConfig
+from nemo_tau2.algorithms.sft_data import TEST_SPLIT
+from nemo_tau2.algorithms.tiny_policy import TinyPolicyConfig
+from nemo_tau2.evals.config import UserSimulatorConfig
+from nemo_tau2.models.memory_plan import ClusterConfig
+from nemo_tau2.models.policy.checkpoint import CheckpointingConfig
+
+
+class RFTSettings(BaseModel):
+    """``rft``: R rounds of sample -> keep the successes -> fine-tune on them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_rounds: int = Field(default=2, ge=1, description="R: sample/filter/fine-tune rounds.")
+    num_generations_per_prompt: int = Field(default=4, ge=1, description="n episodes per train task per round.")
+    min_reward: float = Field(default=1.0, description="Keep episodes with reward >= this (1.0: success only).")
+    max_per_task: int | None = Field(default=None, ge=1, description="Keep at most this many episodes per task.")
+    dedup: bool = Field(default=True, description="Drop identical trajectories (same token ids).")
+    accumulate: bool = Field(default=False, description="Fine-tune on every round's kept episodes so far.")
+    num_epochs_per_round: int = Field(default=1, ge=1, description="Passes over the kept episodes per round.")
+    seed: int = 42
+    max_rollout_concurrency: int = Field(default=64, ge=1)
+    val_at_start: bool = Field(default=True, description="Validate the starting policy (round 0).")
+    val_num_generations_per_prompt: int = Field(default=1, ge=1)
+    max_val_samples: int | None = Field(default=None, ge=1)
+    allow_test_split: bool = Field(default=False, description="Allow sampling training episodes on tau2 test tasks.")
+
+
+class RFTMasterConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rft: RFTSettings = RFTSettings()
+    policy: GRPOPolicyConfig
+    user: UserSimulatorConfig
+    env: GRPOEnvConfig = GRPOEnvConfig()
+    data: GRPODataConfig
+    checkpointing: CheckpointingConfig = CheckpointingConfig(checkpoint_dir="results/rft/checkpoints", save_period=1)
+    logger: LoggerConfig = LoggerConfig(log_dir="results/rft/logs")
+    cluster: ClusterConfig = ClusterConfig()
+    tiny_policy: TinyPolicyConfig | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "RFTMasterConfig":
+        problems = []
+        if self.policy.generation is None:
+            problems.append("policy.generation is required: the backend serving the current weights to rollouts")
+        if not self.env.nemo_gym.return_token_ids:
+            problems.append("env.nemo_gym.return_token_ids must be true: fine-tuning needs the generated token ids")
+        if self.data.train_split == TEST_SPLIT and not self.rft.allow_test_split:
+            problems.append(
+                "data.train_split is tau2's test split: training on it leaks the test set; set "
+                "rft.allow_test_split=true if that is what you want"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self

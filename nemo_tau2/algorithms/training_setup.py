@@ -1,0 +1,170 @@
+"""Setup pieces shared by the training loops (GRPO, SFT, RFT): one mechanism each, used by all of them.
+
+The memory plan from the model's config.json, the task rows of a ``data`` block, the rollout stack (the generation
+backend serving the trainer's weights and the tau2 Gym servers), the weight sync into that backend, validation through
+the evaluator's metrics, and the newest whole checkpoint to resume from. The configs they read share the blocks
+``policy``, ``user``, ``env.nemo_gym``, ``checkpointing``, ``logger``, ``cluster`` and ``tiny_policy``.
+"""
+
+import asyncio
+import logging
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from nemo_tau2.evals.metrics import EpisodeRecord, compute_eval_metrics
+from nemo_tau2.evals.results import RolloutLog, record_of
+from nemo_tau2.experience.progress import RolloutProgress
+from nemo_tau2.experience.rollouts import RolloutResult, SamplingParams, run_async_nemo_gym_rollout
+from nemo_tau2.generation.launch import GenerationHandle, start_generation
+from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec
+from nemo_tau2.models.memory_plan import MemoryPlan, make_plan
+from nemo_tau2.models.model_shape import find_model_config, model_shape
+from nemo_tau2.models.policy import checkpoint as ckpt
+from nemo_tau2.models.policy.lm_policy import Policy
+from nemo_tau2.tau2_env import gym_rows
+
+logger = logging.getLogger(__name__)
+
+
+def plan_memory(cfg: Any, *, reference: bool) -> MemoryPlan:
+    """The run's memory plan (see ``models.memory_plan``), from the model's config.json only: nothing starts.
+
+    A tiny policy that is built on first use has the tiny Llama's architecture until it exists.
+    """
+    name = cfg.policy.model_name
+    if getattr(cfg, "tiny_policy", None) is not None and not Path(name).exists():
+        from nemo_tau2.algorithms.tiny_policy import tiny_policy_architecture
+
+        architecture, source = tiny_policy_architecture(cfg.tiny_policy), "tiny_policy (built on first run)"
+    else:
+        architecture, source = find_model_config(name)
+    shape = model_shape(architecture, name, source)
+    return make_plan(cfg.policy, cfg.cluster, reference=reference, shape=shape)
+
+
+def resumable_checkpoint(checkpoint_dir: str | Path) -> Path | None:
+    """The newest checkpoint that is whole: every part present and a trainer state that parses with its step.
+
+    Checkpoints are renamed into place only once complete, but a copy, a sync or a crash of the filesystem can
+    still leave a ``step_<N>`` folder with a part missing or cut short; resuming from it would fail or, worse,
+    resume from garbage. Such folders are skipped with a warning naming what is wrong, and never deleted.
+    """
+    for step, path in reversed(ckpt.list_checkpoints(checkpoint_dir)):
+        try:
+            ckpt.check_checkpoint_dir(path)
+            if int(ckpt.read_trainer_state(path)["step"]) != step:
+                raise ValueError(f"its trainer state is for another step than {step}")
+        except (OSError, ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
+            logger.warning("not resuming from %s, it is incomplete: %s", path, e)
+            continue
+        return path
+    return None
+
+
+def checkpoint_step(path: Path) -> int:
+    """The step a checkpoint (from :func:`resumable_checkpoint`) was taken after."""
+    return int(ckpt.read_trainer_state(path)["step"])
+
+
+def train_and_val_rows(data: Any, what: str = "data") -> tuple[list[dict], list[dict]]:
+    """Training and validation rows of a ``data`` block with GRPO's keys (``train_split`` / ``train_data_path``,
+    ``val_split`` / ``val_data_path``, ``domains``, ``task_ids``, ``compact_rows``); messages name those keys."""
+    common = {"domains_": data.domains, "task_ids": data.task_ids, "compact": data.compact_rows, "what": what}
+    train_rows = gym_rows.load_rows(
+        data_path=data.train_data_path, split=data.train_split, split_key="train_split", path_key="train_data_path",
+        **common,
+    )  # fmt: skip
+    if not train_rows:
+        raise ValueError(f"the config selects no training rows ({what}.domains, {what}.train_split, {what}.task_ids)")
+    val_rows = gym_rows.load_rows(
+        data_path=data.val_data_path, split=data.val_split, split_key="val_split", path_key="val_data_path", **common
+    )
+    return train_rows, val_rows
+
+
+def start_rollout_stack(
+    cfg: Any, domain_names: list[str], resources: ExitStack
+) -> tuple[GenerationHandle, Tau2Environment]:
+    """The generation backend serving the policy's weights and the tau2 Gym servers playing episodes against it.
+
+    Both are closed by ``resources``. Reads ``policy.generation``, ``user``, ``env.nemo_gym`` and ``logger.log_dir``.
+    """
+    generation = resources.enter_context(start_generation(cfg.policy.generation))
+    spec = Tau2EnvironmentSpec(
+        policy=generation,
+        user=cfg.user,
+        domains=sorted(set(domain_names)),
+        gym=cfg.env.nemo_gym,
+        log_dir=Path(cfg.logger.log_dir) / "server_logs",
+    )
+    environment = resources.enter_context(Tau2Environment(spec))
+    return generation, environment
+
+
+def sync_policy_weights(policy: Policy, generation: GenerationHandle, scratch_dir: str | Path) -> None:
+    """Load the trainer's weights into the generation backend in place (no restart).
+
+    Both ways take the same gathered stream of full tensors: copied straight into the in-process engine, or
+    written as safetensors files (under ``scratch_dir``) a server reloads (vLLM, hf subprocess)."""
+    if generation.engine is not None:  # hf in this process: copy tensors as they are gathered
+        generation.update_weights(policy.stream_weights_for_generation())
+    else:  # a generation server in another process (vLLM, hf subprocess): through a checkpoint directory
+        directory = Path(scratch_dir) / "weights_for_generation"
+        generation.update_weights(checkpoint_dir=str(policy.save_hf_model(directory)))
+
+
+def rollout_pass_metrics(results: list[RolloutResult], n: int, seed: int, prefix: str) -> dict[str, float]:
+    """The evaluator's metrics (pass@k, pass^k, mean reward per domain) of finished episodes, keys under ``prefix``."""
+    records = [EpisodeRecord.from_dict(vars(result)) for result in results]
+    metrics = compute_eval_metrics(records, ks=sorted({1, n}), num_bootstrap=0, seed=seed)
+    return {f"{prefix}/" + key.removeprefix("eval/"): value for key, value in metrics.items()}
+
+
+def validation_metrics(
+    environment: Tau2Environment,
+    rows: list[dict],
+    generation_cfg: Any,
+    *,
+    num_generations: int,
+    max_concurrency: int,
+    seed: int,
+    save_dir: Path | None = None,
+    prefix: str = "val",
+    on_progress: Callable[[RolloutProgress], None] | None = None,
+) -> dict[str, float]:
+    """Roll out ``num_generations`` episodes of each row with the served weights; the evaluator's metrics.
+
+    With ``save_dir``, each episode goes to ``<save_dir>/rollouts.jsonl`` as it finishes, in the evaluator's format
+    with its transcript and token ids: ``prepare_sft_data.py --rollouts <save_dir>`` turns them into SFT rows."""
+    repeated = [row | {"sample_index": k} for row in rows for k in range(num_generations)]
+    results: list[RolloutResult] = []
+    log = RolloutLog(Path(save_dir)) if save_dir is not None else None
+
+    async def collect() -> None:
+        async for group in run_async_nemo_gym_rollout(
+            repeated,
+            environment.agent_urls,
+            SamplingParams.from_generation(generation_cfg),
+            1,
+            max_concurrency=max_concurrency,
+            keep_full_result=log is not None,
+            on_progress=on_progress,
+        ):
+            for result in group.results:
+                if log is not None:
+                    log.append(record_of(result, keep_transcript=True))
+                results.append(result)
+
+    try:
+        asyncio.run(collect())
+    finally:
+        if log is not None:
+            log.close()
+    return rollout_pass_metrics(results, num_generations, seed, prefix)
+
+
+def validation_dir(log_dir: str | Path, step: int) -> Path:
+    """Where a training run keeps the validation episodes of ``step`` (``validation_metrics``' ``save_dir``)."""
+    return Path(log_dir) / "validation" / f"step_{step}"

@@ -1,0 +1,196 @@
+"""SFT and RFT end to end on CPU: real Gym servers, the hf backend, the scripted fake user, the tiny policy.
+
+The start is the tiny Llama warm-started to pick the right first call of tau2's mock tasks about 1 time in 5. SFT on
+the oracle teacher's episodes (examples/oracle_sft_data.py, tokenized with the policy's chat template) must raise
+its pass@1 on the train tasks well above the same run with the learning rate at zero; two RFT rounds (sample, keep
+the successes, fine-tune) must raise it over the start; a round with no success is reported, not an error. And the
+NLL loss reads the assistant tokens only: NaN anywhere else changes nothing.
+"""
+
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from nemo_tau2.algorithms import rft, sft
+from nemo_tau2.algorithms.loss import NLLLossFn, nll_loss
+from nemo_tau2.algorithms.rft_config import RFTMasterConfig
+from nemo_tau2.algorithms.sft_config import SFTMasterConfig
+from nemo_tau2.algorithms.sft_data import row_from_conversation, training_sequence
+from nemo_tau2.config import apply_overrides, load_config, validate_config
+from nemo_tau2.models.policy.lm_policy import Policy
+from nemo_tau2.tau2_env.gym_rows import load_rows
+from nemo_tau2.testing.warm_start import build_tiny_policy
+
+EXAMPLES = Path(__file__).parents[3] / "examples"
+SFT_SMOKE = EXAMPLES / "configs" / "sft_tau2_cpu_smoke.yaml"
+RFT_SMOKE = EXAMPLES / "configs" / "rft_tau2_cpu_smoke.yaml"
+TASKS = ["update_task_1", "create_task_1"]
+
+
+@pytest.fixture(scope="module")
+def start(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("tiny") / "policy"
+    cfg = validate_config(load_config(SFT_SMOKE), SFTMasterConfig)
+    rows = load_rows(domains_=["mock"], split="base", task_ids=TASKS, compact=True)
+    return build_tiny_policy(cfg.tiny_policy, rows, directory)
+
+
+@pytest.fixture(scope="module")
+def oracle_rows(start, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("oracle")
+    command = [sys.executable, str(EXAMPLES / "oracle_sft_data.py"), "--domains", "mock", "--split", "base",
+               "--task-ids", *TASKS, "--compact-rows", "--output", str(folder / "oracle.jsonl")]  # fmt: skip
+    run = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    tokenizer = AutoTokenizer.from_pretrained(start)
+    conversations = [json.loads(line) for line in (folder / "oracle.jsonl").read_text().splitlines()]
+    assert len(conversations) == len(TASKS)
+    rows = [row_from_conversation(conversation, tokenizer) for conversation in conversations]
+    path = folder / "rows.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def _sft_config(tmp: Path, model: Path, rows: Path, *overrides: str) -> SFTMasterConfig:
+    raw = apply_overrides(
+        load_config(SFT_SMOKE),
+        [f"policy.model_name={model}", f"data.train_data_path={rows}", f"data.val_data_path={rows}",
+         f"checkpointing.checkpoint_dir={tmp / 'checkpoints'}", f"logger.log_dir={tmp / 'logs'}",
+         "logger.tensorboard_enabled=false", "sft.val_period=0", "sft.val_at_start=false", "sft.val_at_end=false",
+         "checkpointing.enabled=false", *overrides],
+    )  # fmt: skip
+    return validate_config(raw, SFTMasterConfig)
+
+
+def _rft_config(tmp: Path, model: Path, *overrides: str) -> RFTMasterConfig:
+    raw = apply_overrides(
+        load_config(RFT_SMOKE),
+        [f"policy.model_name={model}", f"checkpointing.checkpoint_dir={tmp / 'checkpoints'}",
+         f"logger.log_dir={tmp / 'logs'}", "logger.tensorboard_enabled=false", *overrides],
+    )  # fmt: skip
+    return validate_config(raw, RFTMasterConfig)
+
+
+def _tool_conversation(user_id: str) -> dict:
+    call = {"id": "c1", "type": "function", "function": {"name": "get_user", "arguments": json.dumps({"id": user_id})}}
+    messages = [
+        {"role": "system", "content": "You are an agent."},
+        {"role": "user", "content": f"Look me up, I am {user_id}."},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": '{"name": "Ann"}'},
+        {"role": "assistant", "content": "Found you, Ann. Anything else?"},
+    ]
+    return {"messages": messages, "tools": [{"type": "function", "function": {"name": "get_user", "parameters": {}}}]}
+
+
+def test_nll_reads_only_the_assistant_tokens_nan_elsewhere_changes_nothing(start):
+    tokenizer = AutoTokenizer.from_pretrained(start)
+    rows = [row_from_conversation(_tool_conversation(user_id), tokenizer) for user_id in ("u1", "u22", "u333")]
+    cfg = _sft_config(Path("/unused"), start, Path("/unused/rows.jsonl"))
+    clean = [training_sequence(row, cfg.policy.max_total_sequence_length) for row in rows]
+    for seq in clean:
+        assert any(seq.token_mask) and not all(seq.token_mask[1:])  # both kinds of tokens are there
+    # the loss function alone: NaN log-probabilities on masked positions, gradient only on the assistant tokens
+    curr = torch.randn(2, 6, requires_grad=True)
+    mask = torch.tensor([[0, 0, 1, 1, 0, 0], [0, 1, 1, 0, 0, 0]], dtype=torch.float32)
+    poisoned = torch.where(mask > 0, curr, torch.full_like(curr, float("nan")))
+    loss, metrics = nll_loss(curr_logprobs=poisoned, token_mask=mask, sample_mask=torch.ones(2))
+    loss.backward()
+    assert loss.item() == pytest.approx(-(curr * mask).sum().item() / 4)
+    assert torch.equal(curr.grad, -mask / 4) and metrics["num_valid_tokens"] == 4
+    # through the trainer: NaN in every per-token input the SFT loss must not read gives the same update
+    poisoned_seqs = [training_sequence(row, cfg.policy.max_total_sequence_length) for row in rows]
+    for seq in poisoned_seqs:
+        seq.generation_logprobs = [float("nan")] * len(seq)
+        seq.prev_logprobs = [float("nan")] * len(seq)
+        seq.advantage = [float("nan")] * len(seq)
+    weights = []
+    for sequences in (clean, poisoned_seqs):
+        torch.manual_seed(0)
+        with Policy(cfg.policy) as policy:
+            metrics = policy.train(sequences, NLLLossFn())
+            assert metrics["num_optimizer_steps"] == 1
+            weights.append(policy.state_dict_for_generation())
+    assert all(torch.equal(weights[0][name], weights[1][name]) for name in weights[0])
+
+
+def _sft_and_validate(tmp: Path, start: Path, rows: Path, *overrides: str) -> dict:
+    cfg = _sft_config(tmp, start, rows, *overrides)
+    eval_rows = load_rows(domains_=["mock"], split="base", task_ids=TASKS, compact=True)
+    s = sft.setup(cfg, [json.loads(line) for line in rows.read_text().splitlines()], [], eval_rows)
+    try:
+        before = sft.validate(s, 0)["val/overall/pass@1"]
+        history = sft.sft_train(s)
+        after = sft.validate(s, len(history))["val/overall/pass@1"]
+    finally:
+        s.close()
+    assert (tmp / "checkpoints" / "final_hf" / "config.json").is_file()
+    losses = {"first_loss": history[0]["train/loss"], "loss": history[-1]["train/loss"]}
+    return {"before": before, "after": after} | losses
+
+
+def test_sft_on_oracle_episodes_raises_pass_at_1_and_the_frozen_control_does_not(start, oracle_rows, tmp_path):
+    learned = _sft_and_validate(tmp_path / "learned", start, oracle_rows, "sft.max_num_steps=30")
+    frozen = _sft_and_validate(tmp_path / "frozen", start, oracle_rows, "sft.max_num_steps=3",
+                               "policy.optimizer.kwargs.lr=0.0")  # fmt: skip
+    # measured: 0.22 -> 0.94 in 40 steps (32 episodes each); frozen stays at its start
+    assert learned["loss"] < learned["first_loss"] / 4, learned
+    assert learned["after"] > learned["before"] + 0.3, learned
+    assert learned["after"] > frozen["after"] + 0.3, (learned, frozen)
+    assert frozen["after"] < frozen["before"] + 0.2, frozen
+
+
+def test_two_rft_rounds_raise_pass_at_1_on_the_train_tasks(start, tmp_path):
+    cfg = _rft_config(tmp_path, start, "rft.num_rounds=2")
+    train_rows, val_rows = rft.load_rows(cfg)
+    s = rft.setup(cfg, train_rows, val_rows)
+    try:
+        before = rft.validate(s, 0)["val/overall/pass@1"]
+        history = rft.rft_train(s)
+    finally:
+        s.close()
+    assert len(history) == 2 and all(h["rft/num_kept"] > 0 for h in history), history
+    after = history[-1]["val/overall/pass@1"]
+    # measured (4 runs): 0.19-0.25 -> 0.88-0.97 on validation; the sampled episodes of round 2 (after round 1's
+    # update) succeed 0.69-0.78 against 0.09-0.19 in round 1
+    assert after > before + 0.3, (before, [h["val/overall/pass@1"] for h in history])
+    assert history[1]["train/overall/pass@1"] > history[0]["train/overall/pass@1"] + 0.2, history
+    assert (tmp_path / "checkpoints" / "final_hf" / "config.json").is_file()
+
+
+def test_a_round_without_success_is_reported_and_trains_nothing(start, tmp_path, caplog):
+    cfg = _rft_config(tmp_path, start, "rft.num_rounds=1", "rft.min_reward=1.5", "rft.val_at_start=false",
+                      "rft.num_generations_per_prompt=2")  # fmt: skip
+    train_rows, _ = rft.load_rows(cfg)
+    s = rft.setup(cfg, train_rows, [])
+    try:
+        weights_before = s.policy.state_dict_for_generation()
+        with caplog.at_level(logging.WARNING):
+            history = rft.rft_train(s)
+        weights_after = s.policy.state_dict_for_generation()
+    finally:
+        s.close()
+    assert history[0]["rft/num_kept"] == 0 and "train/loss" not in history[0]
+    assert "no episode" in caplog.text and "nothing to fine-tune" in caplog.text
+    assert all(torch.equal(weights_before[name], weights_after[name]) for name in weights_before)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (EXAMPLES / "configs").glob("[sr]ft_*.yaml")))
+def test_shipped_sft_and_rft_configs_validate(name):
+    schema = SFTMasterConfig if name.startswith("sft_") else RFTMasterConfig
+    cfg = validate_config(load_config(EXAMPLES / "configs" / name), schema)
+    assert cfg.policy.model_name
+
+
+def test_rft_refuses_to_train_on_the_test_split_unless_allowed():
+    raw = apply_overrides(load_config(RFT_SMOKE), ["data.domains=[airline]", "data.train_split=test"])
+    with pytest.raises(Exception, match="leaks the test set"):
+        validate_config(raw, RFTMasterConfig)
+    allowed = apply_overrides(raw, ["+rft.allow_test_split=true"])
+    assert validate_config(allowed, RFTMasterConfig).rft.allow_test_split
