@@ -148,6 +148,13 @@ def message_log_from_output(output: list[dict], first_break_turn: int | None) ->
     return log
 
 
+# The agent's episode fields a RolloutResult takes under the same names (the row gives domain, task and sample; the
+# conversation id stays in the transcript; contiguity travels as its breaks and the message log it cuts).
+EPISODE_FIELDS = set(EpisodeData.model_fields) - {
+    "domain", "task_id", "sample_index", "conversation_id", "token_contiguity"
+}  # fmt: skip
+
+
 def result_from_response(
     row: dict, row_index: int, group_index: int, sample_index: int, status_code: int, body: Any, keep_full_result: bool
 ) -> RolloutResult:
@@ -177,25 +184,12 @@ def result_from_response(
     output = body["response"]["output"]
     return RolloutResult(
         **base,
-        status=data.status,
-        policy_model=data.policy_model,
+        **data.model_dump(include=EPISODE_FIELDS),
         reward=float(body["reward"]),
         success=bool(body["success"]),
         reward_components={key: body[key] for key in COMPONENT_KEYS},
-        termination_reason=data.termination_reason,
-        truncated_by=data.truncated_by,
         message_log=message_log_from_output(output, data.token_contiguity.first_break_turn),
         token_contiguity_breaks=data.token_contiguity.breaks,
-        num_turns=data.num_turns,
-        num_user_turns=data.num_user_turns,
-        num_steps=data.num_steps,
-        num_tool_errors=data.num_tool_errors,
-        num_truncated_generations=data.num_truncated_generations,
-        user_simulator=data.user_simulator,
-        prompt_tokens=data.prompt_tokens,
-        total_tokens=data.total_tokens,
-        generation_tokens=data.generation_tokens,
-        timings=data.timings,
         full_result=body if keep_full_result else None,
     )
 

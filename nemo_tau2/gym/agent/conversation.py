@@ -131,12 +131,7 @@ def start_conversation(state: EpisodeState) -> None:
 
 def agent_said(state: EpisodeState, turn: Turn | None, settings: EpisodeSettings) -> None:
     """Route the agent's turn (already in ``state.outputs``; None if it was empty), then apply the limits."""
-    state.sender = AGENT
-    if turn is None:
-        state.termination_reason = "agent_error"
-    elif turn.calls:
-        state.pending_calls, state.receiver = turn.calls, ENV
-    else:
+    if _route(state, turn, AGENT, "agent_error"):
         state.user_history.append(message_item("user", turn.text))
         state.receiver = USER
     _end_of_hop(state, settings)
@@ -149,12 +144,7 @@ async def play_until_agent(
     while state.termination_reason is None and state.receiver != AGENT:
         if state.receiver == USER:
             turn = await user_turn(state)
-            state.sender = USER
-            if turn is None:
-                state.termination_reason = "user_error"
-            elif turn.calls:
-                state.pending_calls, state.receiver = turn.calls, ENV
-            else:
+            if _route(state, turn, USER, "user_error"):
                 state.outputs.append(message_item("user", turn.text))
                 state.receiver = AGENT
                 if is_user_stop(turn.text):
@@ -163,6 +153,19 @@ async def play_until_agent(
             await run_calls(state, session, state.pending_calls, requestor=state.sender)
             state.sender, state.receiver = ENV, state.sender
         _end_of_hop(state, settings)
+
+
+def _route(state: EpisodeState, turn: Turn | None, sender: str, error_reason: str) -> bool:
+    """The one routing rule for both parties: no turn ends the episode with ``error_reason``, tool calls go to the
+    environment; True when the turn is text for the other party (the caller delivers it)."""
+    state.sender = sender
+    if turn is None:
+        state.termination_reason = error_reason
+        return False
+    if turn.calls:
+        state.pending_calls, state.receiver = turn.calls, ENV
+        return False
+    return True
 
 
 def _end_of_hop(state: EpisodeState, settings: EpisodeSettings) -> None:

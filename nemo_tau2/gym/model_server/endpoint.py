@@ -12,7 +12,7 @@ from typing import Any
 
 from responses_api_models.vllm_model.app import VLLMModelConfig
 
-from nemo_tau2.gym.http_client import GymHttpClient, RetryConfig
+from nemo_tau2.gym.http_client import GymHttpClient, JsonResponse, RetryConfig
 from nemo_tau2.gym.model_server import conversion
 from nemo_tau2.gym.model_server.conversion import BadRequest
 
@@ -72,14 +72,7 @@ class ChatEndpoint:
         """Call the endpoint: the completion, and its token ids and logprobs when the config asks for them.
 
         A context-length 400 becomes an empty completion with finish_reason ``length``, as in vllm_model."""
-        response = await self.http.post(
-            f"{base_url}/chat/completions",
-            request,
-            self.retry,
-            headers=self.headers,
-            what="chat completion",
-            retry_statuses=self.retry_statuses,
-        )
+        response = await self._post(f"{base_url}/chat/completions", request, "chat completion")
         if response.status == 400 and ("context length" in response.text or "max_tokens" in response.text):
             return {"choices": [{"index": 0, "finish_reason": "length", "message": {"role": "assistant"}}]}, None
         if response.status != 200:
@@ -128,17 +121,16 @@ class ChatEndpoint:
         """The prompt ids from ``/tokenize`` (endpoints older than vLLM 0.10.2)."""
         body = {key: request[key] for key in ("model", "messages", "tools", "chat_template_kwargs") if key in request}
         root = base_url.removesuffix("/").removesuffix("/v1")
-        response = await self.http.post(
-            f"{root}/tokenize",
-            body,
-            self.retry,
-            headers=self.headers,
-            what="tokenize",
-            retry_statuses=self.retry_statuses,
-        )
+        response = await self._post(f"{root}/tokenize", body, "tokenize")
         if response.status != 200 or not isinstance(response.body, dict) or "tokens" not in response.body:
             raise EndpointError(f"/tokenize answered HTTP {response.status}: {response.text[:300]}")
         return response.body["tokens"]
+
+    async def _post(self, url: str, body: dict, what: str) -> JsonResponse:
+        """One call to the endpoint, with this endpoint's credentials, retry policy and retried statuses."""
+        return await self.http.post(
+            url, body, self.retry, headers=self.headers, what=what, retry_statuses=self.retry_statuses
+        )
 
 
 def read_request(api: str, convert: Callable[[], Any]) -> Any:
