@@ -146,6 +146,29 @@ def test_sft_on_oracle_episodes_raises_pass_at_1_and_the_frozen_control_does_not
     assert frozen["after"] < frozen["before"] + 0.2, frozen
 
 
+def _sft_weights(tmp: Path, start: Path, rows: Path, *overrides: str) -> tuple[dict, list[dict], int]:
+    cfg = _sft_config(tmp, start, rows, "checkpointing.enabled=true", "checkpointing.save_period=3",
+                      "checkpointing.keep_top_k=null", "sft.max_num_epochs=10", *overrides)  # fmt: skip
+    s = sft.setup(cfg, [json.loads(line) for line in rows.read_text().splitlines()], [], [])
+    try:
+        start_step = s.start_step
+        history = sft.sft_train(s)
+        return s.policy.state_dict_for_generation(), history, start_step
+    finally:
+        s.close()
+
+
+def test_an_interrupted_sft_run_resumes_to_the_same_weights(start, oracle_rows, tmp_path):
+    whole, whole_history, _ = _sft_weights(tmp_path / "whole", start, oracle_rows, "sft.max_num_steps=7")
+    _sft_weights(tmp_path / "cut", start, oracle_rows, "sft.max_num_steps=3")  # as if stopped after step 3
+    resumed, resumed_history, start_step = _sft_weights(tmp_path / "cut", start, oracle_rows, "sft.max_num_steps=7")
+    assert start_step == 3 and len(resumed_history) == 4
+    # the same rows in the same order from step 4 on (the order is a function of seed and epoch), the same weights
+    assert [h["train/loss"] for h in resumed_history] == [h["train/loss"] for h in whole_history[3:]]
+    assert all(torch.equal(whole[name], resumed[name]) for name in whole)
+    assert (tmp_path / "cut" / "checkpoints" / "final_hf" / "config.json").is_file()
+
+
 def test_two_rft_rounds_raise_pass_at_1_on_the_train_tasks(start, tmp_path):
     cfg = _rft_config(tmp_path, start, "rft.num_rounds=2")
     train_rows, val_rows = rft.load_rows(cfg)
