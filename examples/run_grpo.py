@@ -15,11 +15,9 @@ import sys
 from pathlib import Path
 
 import nemo_tau2  # noqa: F401  (offline settings before tau2 loads litellm)
-from nemo_tau2.config import ConfigError, apply_overrides, load_config, parse_args, redact_secrets, validate_config
-from nemo_tau2.generation.errors import GenerationStartupError
-from nemo_tau2.gym.launch import ServerStartError
+from nemo_tau2.algorithms import training_cli
+from nemo_tau2.algorithms.training_cli import Stop
 from nemo_tau2.utils import console_table
-from nemo_tau2.utils.jsonl_log import write_json_atomic
 
 COLUMNS = [
     ("step", "step", "{:>5d}"),
@@ -40,36 +38,19 @@ COLUMNS = [
 def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("nemo_tau2").setLevel(logging.INFO)  # a line per server as it starts, resuming, checkpoints
-    args = parse_args(
-        sys.argv[1:], switches={"--plan": "print the memory plan (per trainer rank, per vLLM GPU), exit"}
-    )
-    try:
-        raw = apply_overrides(load_config(args.config), args.overrides)
-        from nemo_tau2.algorithms.grpo_config import GRPOMasterConfig
+    return training_cli.run(_main)
 
-        cfg = validate_config(raw, GRPOMasterConfig)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+
+def _main() -> int:
+    from nemo_tau2.algorithms.grpo_config import GRPOMasterConfig
+
+    args, raw, cfg = training_cli.read_config(sys.argv[1:], GRPOMasterConfig)
     from tqdm import tqdm
 
     from nemo_tau2.algorithms import grpo
-    from nemo_tau2.models.memory_plan import format_plan
     from nemo_tau2.testing.warm_start import build_tiny_policy
 
-    try:
-        plan = grpo.plan_memory(cfg)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if "--plan" in args.switches:
-        print(format_plan(plan))
-        return 0 if plan.fits else 2
-    if not plan.fits:
-        print(format_plan(plan), file=sys.stderr)
-        print(f"error: the run cannot fit: {'; '.join(plan.problems)}", file=sys.stderr)
-        return 2
-
+    training_cli.check_memory_plan(grpo.plan_memory, cfg, args)
     print(f"config: {args.config.resolve()}", file=sys.stderr)
     checkpoints = (
         f", checkpoints in {Path(cfg.checkpointing.checkpoint_dir).resolve()}" if cfg.checkpointing.enabled else ""
@@ -88,18 +69,13 @@ def main() -> int:
     try:
         train_rows, val_rows = grpo.load_rows(cfg)
     except ValueError as e:  # each names its key and the fix (an unknown split, domain or task, a rows file)
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        raise Stop(2, f"error: {e}") from None
     if cfg.tiny_policy is not None and not Path(cfg.policy.model_name).exists():
         print(f"building the warm-started tiny policy into {cfg.policy.model_name} ...", file=sys.stderr)
         build_tiny_policy(cfg.tiny_policy, train_rows, cfg.policy.model_name)
-    Path(cfg.logger.log_dir).mkdir(parents=True, exist_ok=True)
-    write_json_atomic(Path(cfg.logger.log_dir) / "config.json", redact_secrets(raw))
-    try:
+    training_cli.write_run_config(cfg.logger.log_dir, raw)
+    with training_cli.starting():
         setup = grpo.setup(cfg, train_rows, val_rows)
-    except (GenerationStartupError, ServerStartError) as e:
-        print(f"error: could not start: {e}", file=sys.stderr)
-        return 3
     if setup.start_step:
         print(
             f"resuming: {setup.start_step} of {cfg.grpo.max_num_steps} steps already done "
@@ -122,12 +98,7 @@ def main() -> int:
     try:
         grpo.grpo_train(setup, on_step=on_step)
     except KeyboardInterrupt:
-        print(
-            f"\ninterrupted: rerun the same command to resume from the latest checkpoint in "
-            f"{cfg.checkpointing.checkpoint_dir}",
-            file=sys.stderr,
-        )
-        return 130
+        raise training_cli.interrupted(cfg.checkpointing.checkpoint_dir) from None
     finally:
         progress.close()
         setup.close()

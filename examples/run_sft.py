@@ -15,11 +15,9 @@ import sys
 from pathlib import Path
 
 import nemo_tau2  # noqa: F401  (offline settings before tau2 loads litellm)
-from nemo_tau2.config import ConfigError, apply_overrides, load_config, parse_args, redact_secrets, validate_config
-from nemo_tau2.generation.errors import GenerationStartupError
-from nemo_tau2.gym.launch import ServerStartError
+from nemo_tau2.algorithms import training_cli
+from nemo_tau2.algorithms.training_cli import Stop
 from nemo_tau2.utils import console_table
-from nemo_tau2.utils.jsonl_log import write_json_atomic
 
 COLUMNS = [
     ("step", "step", "{:>5d}"),
@@ -35,37 +33,21 @@ COLUMNS = [
 
 def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    args = parse_args(
-        sys.argv[1:], switches={"--plan": "print the memory plan (per trainer rank, per vLLM GPU), exit"}
-    )
-    try:
-        raw = apply_overrides(load_config(args.config), args.overrides)
-        from nemo_tau2.algorithms.sft_config import SFTMasterConfig
+    return training_cli.run(_main)
 
-        cfg = validate_config(raw, SFTMasterConfig)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+
+def _main() -> int:
+    from nemo_tau2.algorithms.sft_config import SFTMasterConfig
+
+    args, raw, cfg = training_cli.read_config(sys.argv[1:], SFTMasterConfig)
     from tqdm import tqdm
 
     from nemo_tau2.algorithms import sft
     from nemo_tau2.algorithms.sft_data import SFTDataError, read_sft_rows
-    from nemo_tau2.models.memory_plan import format_plan
     from nemo_tau2.tau2_env.gym_rows import load_rows
     from nemo_tau2.testing.warm_start import build_tiny_policy
 
-    try:
-        plan = sft.plan_memory(cfg)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if "--plan" in args.switches:
-        print(format_plan(plan))
-        return 0 if plan.fits else 2
-    if not plan.fits:
-        print(format_plan(plan), file=sys.stderr)
-        print(f"error: the run cannot fit: {'; '.join(plan.problems)}", file=sys.stderr)
-        return 2
+    training_cli.check_memory_plan(sft.plan_memory, cfg, args)
     data = cfg.data
     try:
         train_rows = read_sft_rows(data.train_data_path)
@@ -75,27 +57,20 @@ def main() -> int:
             compact=data.compact_rows, split_key="val_split", path_key="val_rows_path",
         )  # fmt: skip
     except (SFTDataError, ValueError, OSError) as e:  # each names its key or file and the fix
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        raise Stop(2, f"error: {e}") from None
     if not train_rows:
-        print(f"error: {data.train_data_path} has no rows: nothing to train on", file=sys.stderr)
-        return 2
+        raise Stop(2, f"error: {data.train_data_path} has no rows: nothing to train on")
     if cfg.tiny_policy is not None and not Path(cfg.policy.model_name).exists():
         if not eval_rows:
-            print("error: tiny_policy is built from the validation tasks: set data.domains", file=sys.stderr)
-            return 2
+            raise Stop(2, "error: tiny_policy is built from the validation tasks: set data.domains")
         print(f"building the tiny policy into {cfg.policy.model_name} ...", file=sys.stderr)
         build_tiny_policy(cfg.tiny_policy, eval_rows, cfg.policy.model_name)
-    Path(cfg.logger.log_dir).mkdir(parents=True, exist_ok=True)
-    write_json_atomic(Path(cfg.logger.log_dir) / "config.json", redact_secrets(raw))
+    training_cli.write_run_config(cfg.logger.log_dir, raw)
     try:
-        setup = sft.setup(cfg, train_rows, val_rows, eval_rows)
-    except (GenerationStartupError, ServerStartError) as e:
-        print(f"error: could not start: {e}", file=sys.stderr)
-        return 3
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        with training_cli.starting():
+            setup = sft.setup(cfg, train_rows, val_rows, eval_rows)
+    except ValueError as e:  # no row has an assistant token within the length limit
+        raise Stop(2, f"error: {e}") from None
     if setup.start_step:
         print(f"resuming at step {setup.start_step} from {cfg.checkpointing.checkpoint_dir}", file=sys.stderr)
     total = sft.total_steps(cfg, len(setup.train_sequences))
@@ -109,12 +84,7 @@ def main() -> int:
     try:
         sft.sft_train(setup, on_step=on_step)
     except KeyboardInterrupt:
-        print(
-            f"\ninterrupted: rerun the same command to resume from the latest checkpoint in "
-            f"{cfg.checkpointing.checkpoint_dir}",
-            file=sys.stderr,
-        )
-        return 130
+        raise training_cli.interrupted(cfg.checkpointing.checkpoint_dir) from None
     finally:
         progress.close()
         setup.close()

@@ -80,6 +80,20 @@ def sequences_of(rows: list[dict], max_total_sequence_length: int) -> list[Train
     return kept
 
 
+def check_vocabulary(sequences: list[TrainingSequence], model_name: str) -> None:
+    """Refuse rows made with another tokenizer (a token id beyond the model's vocabulary) before anything starts."""
+    from nemo_tau2.models.model_shape import find_model_config
+
+    config, _ = find_model_config(model_name)
+    vocab_size = (config.get_text_config() if hasattr(config, "get_text_config") else config).vocab_size
+    largest = max((max(seq.token_ids, default=0) for seq in sequences), default=0)
+    if largest >= vocab_size:
+        raise ValueError(
+            f"the SFT rows hold token id {largest}, beyond {model_name}'s vocabulary of {vocab_size}: they were made "
+            f"with another tokenizer; remake them with prepare_sft_data.py (--tokenizer {model_name})"
+        )
+
+
 def setup(cfg: SFTMasterConfig, train_rows: list[dict], val_rows: list[dict], eval_rows: list[dict]) -> SFTSetup:
     """Start the trainer (and, for validation pass@1, the generation backend and the tau2 environment); resume."""
     resources = ExitStack()
@@ -89,6 +103,8 @@ def setup(cfg: SFTMasterConfig, train_rows: list[dict], val_rows: list[dict], ev
         train_sequences = sequences_of(train_rows, limit)
         if not train_sequences:
             raise ValueError("no SFT row has an assistant token to train on")
+        val_sequences = sequences_of(val_rows, limit)
+        check_vocabulary(train_sequences + val_sequences, cfg.policy.model_name)
         policy = Policy(cfg.policy, seed=cfg.sft.seed)
         resources.callback(policy.shutdown)
         generation = environment = None
@@ -98,7 +114,7 @@ def setup(cfg: SFTMasterConfig, train_rows: list[dict], val_rows: list[dict], ev
             )
         metrics_logger = resources.enter_context(MetricsLogger(cfg.logger))
         s = SFTSetup(
-            cfg, policy, train_sequences, sequences_of(val_rows, limit), eval_rows, metrics_logger,
+            cfg, policy, train_sequences, val_sequences, eval_rows, metrics_logger,
             generation, environment, resources=resources,
         )  # fmt: skip
         latest = (

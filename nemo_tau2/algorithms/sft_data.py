@@ -307,10 +307,27 @@ def read_sft_rows(path: str | Path) -> list[dict[str, Any]]:
             row = json.loads(line)
         except json.JSONDecodeError as e:
             raise SFTDataError(f"{path}:{number}: not JSON ({e.msg}); make it with prepare_sft_data.py") from None
-        if not isinstance(row, dict) or not isinstance(row.get("message_log"), list):
-            raise SFTDataError(f"{path}:{number}: not an SFT row (no message_log); make it with prepare_sft_data.py")
+        problem = _row_problem(row)
+        if problem:
+            raise SFTDataError(f"{path}:{number}: not an SFT row ({problem}); make it with prepare_sft_data.py")
         rows.append(row)
     return rows
+
+
+def _row_problem(row: Any) -> str | None:
+    """What makes ``row`` unusable for training, or None: checked on read so that a hand-edited or foreign file is
+    one line naming its line, not a traceback from the trainer."""
+    if not isinstance(row, dict) or not isinstance(row.get("message_log"), list):
+        return "no message_log list"
+    for index, message in enumerate(row["message_log"]):
+        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
+            return f"message {index} is not a user or assistant message"
+        ids = message.get("token_ids")
+        if not isinstance(ids, list) or not all(type(t) is int and t >= 0 for t in ids):
+            return f"message {index}: token_ids must be a list of non-negative integers"
+    if not any(m["role"] == "assistant" and m["token_ids"] for m in row["message_log"]):
+        return "no assistant tokens to train on"
+    return None
 
 
 def training_sequence(row: dict[str, Any], max_total_sequence_length: int) -> "TrainingSequence":

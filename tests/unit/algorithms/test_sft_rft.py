@@ -217,3 +217,45 @@ def test_rft_refuses_to_train_on_the_test_split_unless_allowed():
         validate_config(raw, RFTMasterConfig)
     allowed = apply_overrides(raw, ["+rft.allow_test_split=true"])
     assert validate_config(allowed, RFTMasterConfig).rft.allow_test_split
+
+
+def _script(name: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(EXAMPLES / name), *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        (None, "no such SFT data file"),
+        ([{"message_log": [{"role": "assistant", "token_ids": ["a"]}]}], "1: not an SFT row (message 0: token_ids"),
+        ([{"message_log": [{"role": "tool", "token_ids": [1]}]}], "1: not an SFT row (message 0 is not a user or"),
+        ([{"message_log": [{"role": "user", "token_ids": [1]}, {"role": "assistant", "token_ids": [10**6]}]}],
+         "token id 1000000, beyond"),
+    ],
+)  # fmt: skip
+def test_run_sft_refuses_bad_rows_in_one_line(start, tmp_path, rows, message):
+    path = tmp_path / "rows.jsonl"
+    if rows is not None:
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    run = _script("run_sft.py", "--config", str(SFT_SMOKE), f"policy.model_name={start}",
+                  f"data.train_data_path={path}", "data.val_data_path=null", f"logger.log_dir={tmp_path / 'logs'}",
+                  f"checkpointing.checkpoint_dir={tmp_path / 'checkpoints'}")  # fmt: skip
+    assert run.returncode == 2 and message in run.stderr, run.stderr
+    assert run.stderr.strip().count("\n") == 0, run.stderr
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_the_training_scripts_share_one_front_door(tmp_path):
+    """A wrong key is one line and exit 2 in each; --plan prints the plan of a shipped recipe and exits 0."""
+    for script, config, override in (("run_sft.py", SFT_SMOKE, "sft.max_num_stepz=3"),
+                                      ("run_rft.py", RFT_SMOKE, "rft.num_roundz=1")):  # fmt: skip
+        run = _script(script, "--config", str(config), override)
+        assert run.returncode == 2 and "num_" in run.stderr and "error:" in run.stderr, run.stderr
+    # RFT's recipe starts from SFT's output, which does not exist yet: planned with the base model's shape
+    for script, config, overrides in (("run_sft.py", "sft_tau2_qwen3_4b.yaml", []),
+                                      ("run_rft.py", "rft_tau2_qwen3_4b.yaml",
+                                       ["policy.model_name=Qwen/Qwen3-4B-Instruct-2507"])):  # fmt: skip
+        run = _script(script, "--config", str(EXAMPLES / "configs" / config), *overrides, "--plan")
+        assert run.returncode == 0 and "plan: fits" in run.stdout, run.stdout + run.stderr
+    unplanned = _script("run_rft.py", "--config", str(EXAMPLES / "configs" / "rft_tau2_qwen3_4b.yaml"), "--plan")
+    assert unplanned.returncode == 2 and "no config.json for 'results/sft_qwen3_4b" in unplanned.stderr
