@@ -136,10 +136,13 @@ def _sft_and_validate(tmp: Path, start: Path, rows: Path, *overrides: str) -> di
 
 
 def test_sft_on_oracle_episodes_raises_pass_at_1_and_the_frozen_control_does_not(start, oracle_rows, tmp_path):
-    learned = _sft_and_validate(tmp_path / "learned", start, oracle_rows, "sft.max_num_steps=30")
+    learned = _sft_and_validate(
+        tmp_path / "learned", start, oracle_rows, "sft.max_num_steps=60", "sft.max_num_epochs=60"
+    )
     frozen = _sft_and_validate(tmp_path / "frozen", start, oracle_rows, "sft.max_num_steps=3",
                                "policy.optimizer.kwargs.lr=0.0")  # fmt: skip
-    # measured: 0.22 -> 0.94 in 40 steps (32 episodes each); frozen stays at its start
+    # measured: 0.22 -> 0.94 in 40 steps (32 episodes each); 30 steps (loss 0.045) once gave only 0.19 -> 0.38,
+    # since sampling at temperature 1 needs every token of a tool call right; frozen stays at its start
     assert learned["loss"] < learned["first_loss"] / 4, learned
     assert learned["after"] > learned["before"] + 0.3, learned
     assert learned["after"] > frozen["after"] + 0.3, (learned, frozen)
