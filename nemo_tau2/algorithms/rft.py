@@ -21,7 +21,8 @@ from typing import Any
 import torch
 
 from nemo_tau2.algorithms import training_setup
-from nemo_tau2.algorithms.rft_config import RFTMasterConfig
+from nemo_tau2.algorithms.reward_shaping import partial_credit
+from nemo_tau2.algorithms.rft_config import RFTMasterConfig, RFTSettings
 from nemo_tau2.algorithms.sft import FINAL_HF_DIR, batch_schedule, export_hf, sequences_of, train_step
 from nemo_tau2.algorithms.sft_data import ConversionReport, row_from_result, select_rows
 from nemo_tau2.experience.rollouts import RolloutResult, SamplingParams, rollout_metrics, run_nemo_gym_rollout_sync
@@ -126,11 +127,37 @@ def keep(s: RFTSetup, results: list[RolloutResult]) -> tuple[list[dict], dict[st
         rows, report, min_reward=rft.min_reward, max_per_task=rft.max_per_task, dedup=rft.dedup,
         allow_test_split=rft.allow_test_split,
     )  # fmt: skip
-    metrics = {"rft/num_kept": float(len(kept)), "rft/num_sampled": float(len(results))}
+    fallback = best_partial_rows(rows, results, {(row["domain"], row["task_id"]) for row in kept}, rft)
+    metrics = {"rft/num_kept": float(len(kept) + len(fallback)), "rft/num_sampled": float(len(results))}
+    metrics["rft/num_partial_kept"] = float(len(fallback))
+    kept += fallback
     metrics["rft/num_tasks_kept"] = float(len({(row["domain"], row["task_id"]) for row in kept}))
     for reason, count in report.skipped.items():
         metrics[f"rft/skipped/{reason}"] = float(count)
     return kept, metrics
+
+
+def best_partial_rows(
+    rows: list[dict], results: list[RolloutResult], tasks_kept: set[tuple[str, str]], rft: RFTSettings
+) -> list[dict]:
+    """slime's fallback: each task with nothing kept gives its best episode if its partial credit (tau2's action,
+    environment and communication checks, weighted as ``rft.reward_shaping``) reaches ``rft.partial_fallback``."""
+    if rft.partial_fallback is None:
+        return []
+    credit = {
+        (r.domain, r.task_id, r.sample_index): partial_credit(
+            r.reward_components, rft.reward_shaping.weights_for(r.domain)
+        )
+        for r in results
+        if r.ok
+    }
+    best: dict[tuple[str, str], tuple[float, dict]] = {}
+    for row in rows:
+        task = (row["domain"], row["task_id"])
+        score = credit.get((row["domain"], row["task_id"], row["sample_index"]), 0.0)
+        if task not in tasks_kept and score >= rft.partial_fallback and score > best.get(task, (-1.0, {}))[0]:
+            best[task] = (score, row)
+    return [row for _, row in best.values()]
 
 
 def fine_tune(s: RFTSetup, rows: list[dict], round_index: int) -> dict[str, float]:

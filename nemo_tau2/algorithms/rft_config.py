@@ -4,13 +4,15 @@
 ``policy.generation``, whose ``temperature``/``top_p`` the episodes are sampled with), ``user``, ``env.nemo_gym``,
 ``data`` (GRPO's: train and validation tasks), ``checkpointing``, ``logger``, ``cluster`` and ``tiny_policy``.
 
-Defaults follow slime's tau2 pipeline (peers.md, section 1): keep episodes with reward >= 1 (its RFT filter), 4
-samples per task (its GRPO group size); its rollouts sample at temperature 0.7 (set in ``policy.generation``).
+Defaults follow slime's tau2 pipeline (peers.md, section 1): keep episodes with reward >= 1 (its RFT filter), else
+a task's best episode with partial credit >= 0.6 (its fallback), 4 samples per task (its GRPO group size); its
+rollouts sample at temperature 0.7 (set in ``policy.generation``).
 """
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from nemo_tau2.algorithms.grpo_config import GRPODataConfig, GRPOEnvConfig, GRPOPolicyConfig, LoggerConfig
+from nemo_tau2.algorithms.reward_shaping import RewardShapingConfig
 from nemo_tau2.algorithms.sft_data import TEST_SPLIT
 from nemo_tau2.algorithms.tiny_policy import TinyPolicyConfig
 from nemo_tau2.evals.config import UserSimulatorConfig
@@ -27,6 +29,16 @@ class RFTSettings(BaseModel):
     num_generations_per_prompt: int = Field(default=4, ge=1, description="n episodes per train task per round.")
     min_reward: float = Field(default=1.0, description="Keep episodes with reward >= this (1.0: success only).")
     max_per_task: int | None = Field(default=None, ge=1, description="Keep at most this many episodes per task.")
+    partial_fallback: float | None = Field(
+        default=0.6,
+        ge=0.0,
+        le=1.0,
+        description="A task with no episode at min_reward keeps its best episode whose partial credit (tau2's "
+        "components, weighted as reward_shaping) is >= this; null: successes only.",
+    )
+    reward_shaping: RewardShapingConfig = Field(
+        default_factory=RewardShapingConfig, description="Component weights of the partial credit (GRPO's block)."
+    )
     dedup: bool = Field(default=True, description="Drop identical trajectories (same token ids).")
     accumulate: bool = Field(default=False, description="Fine-tune on every round's kept episodes so far.")
     num_epochs_per_round: int = Field(default=1, ge=1, description="Passes over the kept episodes per round.")

@@ -12,6 +12,7 @@ import logging
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -23,6 +24,8 @@ from nemo_tau2.algorithms.rft_config import RFTMasterConfig
 from nemo_tau2.algorithms.sft_config import SFTMasterConfig
 from nemo_tau2.algorithms.sft_data import row_from_conversation, training_sequence
 from nemo_tau2.config import apply_overrides, load_config, validate_config
+from nemo_tau2.experience.rollouts import RolloutResult
+from nemo_tau2.gym.agent.episode_record import EpisodeStatus
 from nemo_tau2.models.policy.lm_policy import Policy
 from nemo_tau2.tau2_env.gym_rows import load_rows
 from nemo_tau2.testing.warm_start import build_tiny_policy
@@ -192,7 +195,7 @@ def test_two_rft_rounds_raise_pass_at_1_on_the_train_tasks(start, tmp_path):
 
 def test_a_round_without_success_is_reported_and_trains_nothing(start, tmp_path, caplog):
     cfg = _rft_config(tmp_path, start, "rft.num_rounds=1", "rft.min_reward=1.5", "rft.val_at_start=false",
-                      "rft.num_generations_per_prompt=2")  # fmt: skip
+                      "rft.num_generations_per_prompt=2", "rft.partial_fallback=null")  # fmt: skip
     train_rows, _ = rft.load_rows(cfg)
     s = rft.setup(cfg, train_rows, [])
     try:
@@ -205,6 +208,35 @@ def test_a_round_without_success_is_reported_and_trains_nothing(start, tmp_path,
     assert history[0]["rft/num_kept"] == 0 and "train/loss" not in history[0]
     assert "no episode" in caplog.text and "nothing to fine-tune" in caplog.text
     assert all(torch.equal(weights_before[name], weights_after[name]) for name in weights_before)
+
+
+def _episode(task_id: str, sample: int, success: bool, action_match: float, tokens: list[int]) -> RolloutResult:
+    return RolloutResult(
+        row_index=sample, group_index=0, sample_index=sample, domain="mock", task_id=task_id, status=EpisodeStatus.OK,
+        reward=float(success), success=success,
+        reward_components={"action_match_fraction": action_match, "env_assertion_fraction": None,
+                           "communicate_fraction": 1.0},
+        message_log=[{"role": "user", "token_ids": [1, 2]}, {"role": "assistant", "token_ids": tokens}],
+    )  # fmt: skip
+
+
+def test_rft_keeps_a_tasks_best_partial_episode_when_none_succeeds(tmp_path):
+    """slime's filter: reward >= 1, else the task's best episode with partial credit >= 0.6 (weights 0.5 / 0.15 of
+    action and communication here: 0.8 action match gives 0.85, 0.0 gives 0.23)."""
+    results = [
+        _episode("create_task_1", 0, True, 1.0, [5]),
+        _episode("create_task_1", 1, False, 0.5, [6]),  # its task has a success: not a fallback
+        _episode("update_task_1", 0, False, 0.8, [7]),
+        _episode("update_task_1", 1, False, 0.0, [8]),
+        _episode("create_task_1_nl_eval", 0, False, 0.0, [9]),  # best partial 0.23 < 0.6: nothing
+    ]
+    cfg = _rft_config(tmp_path, Path("/unused"))
+    kept, metrics = rft.keep(SimpleNamespace(cfg=cfg), results)
+    assert [(row["task_id"], row["sample_index"]) for row in kept] == [("create_task_1", 0), ("update_task_1", 0)]
+    assert metrics["rft/num_kept"] == 2 and metrics["rft/num_partial_kept"] == 1
+    cfg.rft.partial_fallback = None
+    kept, metrics = rft.keep(SimpleNamespace(cfg=cfg), results)
+    assert [row["task_id"] for row in kept] == ["create_task_1"] and metrics["rft/num_partial_kept"] == 0
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (EXAMPLES / "configs").glob("[sr]ft_*.yaml")))
