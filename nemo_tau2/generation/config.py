@@ -75,7 +75,13 @@ class VllmConfig(_Strict):
         default=None, ge=1, le=65535, description="Replica i listens on base_port + i; null picks free ports."
     )
     extra_args: list[str] = Field(
-        default_factory=list, description="Further `vllm.entrypoints.openai.api_server` arguments, passed verbatim."
+        default_factory=list, description="Further `vllm serve` arguments (vLLM's server flags), passed verbatim."
+    )
+    server: Literal["nemo_tau2", "stock"] = Field(
+        default="nemo_tau2",
+        description="nemo_tau2: our entry point over vLLM's server (the prefix splice of recorded token ids, the "
+        "max_tokens clamp); stock: vllm.entrypoints.openai.api_server as released, which re-renders multi-turn "
+        "history from text (for comparison: contiguity breaks are then likely).",
     )
     startup_timeout_s: float = Field(default=1200.0, gt=0)
 

@@ -19,7 +19,7 @@ from starlette.requests import Request
 
 from nemo_tau2.generation.engine import Engine, GenerationRequest
 from nemo_tau2.generation.errors import BadRequestError, EngineError
-from nemo_tau2.generation.prefix import find_token_prefix, splice_prompt
+from nemo_tau2.generation.prefix import REQUIRED_PREFIX_FIELD, find_token_prefix, splice_prompt
 from nemo_tau2.generation.protocol import (
     ChatCompletionRequest,
     DetokenizeRequest,
@@ -45,15 +45,18 @@ async def prompt_ids_for(
     tools: list[dict[str, Any]] | None,
     chat_template_kwargs: dict[str, Any] | None,
     add_generation_prompt: bool = True,
+    required_prefix_token_ids: list[int] | None = None,
 ) -> list[int]:
-    """The prompt token ids for a chat: the template's rendering, spliced onto recorded ids when a message has them."""
-    prefix = find_token_prefix(messages)
+    """The prompt token ids for a chat: the template's rendering, spliced onto recorded ids when the request has
+    them (NeMo-RL's ``required_prefix_token_ids``, else an assistant message's ``prompt_token_ids``)."""
+    prefix = find_token_prefix(messages, required_prefix_token_ids)
     rendered = await engine.render(
         normalize_messages(messages), normalize_tools(tools), chat_template_kwargs or {}, add_generation_prompt
     )
     if prefix is None:
         return rendered
-    return splice_prompt(prefix, rendered, engine.end_of_turn_ids)
+    source = REQUIRED_PREFIX_FIELD if required_prefix_token_ids is not None else "messages"
+    return splice_prompt(prefix, rendered, engine.end_of_turn_ids, source)
 
 
 def _check_model(engine: Engine, model: str | None) -> None:
@@ -78,7 +81,9 @@ async def chat_completion(engine: Engine, body: ChatCompletionRequest) -> dict[s
             f"tool_choice: {body.tool_choice!r} needs constrained decoding, which this backend does not have; "
             "send tool_choice='auto'"
         )
-    prompt_ids = await prompt_ids_for(engine, body.messages, body.tools, body.chat_template_kwargs)
+    prompt_ids = await prompt_ids_for(
+        engine, body.messages, body.tools, body.chat_template_kwargs, True, body.required_prefix_token_ids
+    )
     room = engine.max_model_len - len(prompt_ids)
     if room <= 0:
         raise _context_error(engine, len(prompt_ids))
@@ -115,7 +120,12 @@ async def tokenize(engine: Engine, body: TokenizeRequest) -> dict[str, Any]:
         raise BadRequestError("tokenize: send exactly one of `messages` or `prompt`")
     if body.messages is not None:
         tokens = await prompt_ids_for(
-            engine, body.messages, body.tools, body.chat_template_kwargs, body.add_generation_prompt
+            engine,
+            body.messages,
+            body.tools,
+            body.chat_template_kwargs,
+            body.add_generation_prompt,
+            body.required_prefix_token_ids,
         )
     else:
         add_special = True if body.add_special_tokens is None else body.add_special_tokens

@@ -1,73 +1,39 @@
-"""Multi-turn prefix correction: the next prompt starts with exactly the tokens of the previous turn.
+"""Multi-turn prefix correction for the servers that run in the project's environment (hf, llama.cpp, fake).
 
-Re-rendering a conversation and tokenizing the text again need not give back the tokens the model saw and
-produced (tool-call JSON re-serialised with other spacing, ``<think>`` stripped from history, a different merge at
-a boundary). Training needs each turn's prompt to extend the previous prompt + generation token for token, so
-(as NeMo-RL's vLLM server does) an assistant message may carry ``prompt_token_ids`` and ``generation_token_ids``,
-and the prompt is spliced together from those ids and the re-rendered tail.
-
-Where the tail starts is found by counting end-of-turn tokens, which every template emits once per message
-whatever it does to their text: if the earlier prompt holds ``k`` of them, the assistant message it produced ends
-at the ``k+1``-th end-of-turn token of the new rendering. A generation that ended with an end-of-turn token
-continues right after that token; one cut off by ``max_tokens`` gets the template's closing token appended.
+The rule itself lives in ``vllm_extension/nemo_tau2_token_splice.py`` (stdlib only), which our vLLM server imports
+too, so every backend splices the same way; this module turns its errors into the surface's HTTP 400.
 """
 
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from nemo_tau2.generation.errors import BadRequestError
+from nemo_tau2.generation.vllm_extension.nemo_tau2_token_splice import (
+    REQUIRED_PREFIX_FIELD,
+    TOKEN_FIELDS,
+    SpliceError,
+    recorded_prefix,
+    splice_token_ids,
+)
 
-TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
-
-
-@dataclass
-class TokenPrefix:
-    """Token ids recorded on an earlier assistant message: the prompt it answered and what was generated."""
-
-    prompt_token_ids: list[int]
-    generation_token_ids: list[int]
-
-
-def _int_list(value: Any, where: str) -> list[int]:
-    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        raise BadRequestError(f"{where} must be a list of integer token ids, got {str(value)[:80]!r}")
-    return value
+__all__ = ["REQUIRED_PREFIX_FIELD", "TOKEN_FIELDS", "find_token_prefix", "splice_prompt"]
 
 
-def find_token_prefix(messages: list[dict[str, Any]]) -> TokenPrefix | None:
-    """The ids carried by the last assistant message that has ``prompt_token_ids``, if any message does."""
-    for index in range(len(messages) - 1, -1, -1):
-        message = messages[index]
-        if message.get("role") == "assistant" and message.get("prompt_token_ids") is not None:
-            where = f"messages[{index}]"
-            prompt = _int_list(message["prompt_token_ids"], f"{where}.prompt_token_ids")
-            generation = _int_list(message.get("generation_token_ids"), f"{where}.generation_token_ids")
-            return TokenPrefix(prompt_token_ids=prompt, generation_token_ids=generation)
-    return None
+def find_token_prefix(
+    messages: Sequence[Mapping[str, Any]], required_prefix: Any = None, vocab_size: int | None = None
+) -> list[int] | None:
+    """The ids the prompt must start with (see ``nemo_tau2_token_splice.recorded_prefix``); 400 on bad ids."""
+    try:
+        return recorded_prefix(messages, required_prefix, vocab_size)
+    except SpliceError as e:
+        raise BadRequestError(str(e)) from e
 
 
-def splice_prompt(prefix: TokenPrefix, rendered: list[int], end_of_turn_ids: frozenset[int]) -> list[int]:
-    """``prefix`` ids followed by the part of ``rendered`` (the full new prompt) that comes after that turn.
-
-    Raises:
-        BadRequestError: When the new rendering has fewer turns than the recorded prefix implies (the messages
-            before the carrying assistant message were changed or dropped).
-    """
-    turns_before = sum(1 for token in prefix.prompt_token_ids if token in end_of_turn_ids)
-    seen = 0
-    close_at = -1
-    for position, token in enumerate(rendered):
-        if token in end_of_turn_ids:
-            seen += 1
-            if seen == turns_before + 1:
-                close_at = position
-                break
-    if close_at < 0:
-        raise BadRequestError(
-            "prompt_token_ids: cannot splice the recorded tokens into the new prompt: the recorded prompt has "
-            f"{turns_before} end-of-turn tokens but the re-rendered conversation closes only {seen} turns"
-        )
-    generation = prefix.generation_token_ids
-    ended_turn = bool(generation) and generation[-1] in end_of_turn_ids
-    tail = rendered[close_at + 1 :] if ended_turn else rendered[close_at:]
-    return prefix.prompt_token_ids + generation + tail
+def splice_prompt(
+    prefix: Sequence[int], rendered: Sequence[int], end_of_turn_ids: Collection[int], prefix_field: str = "messages"
+) -> list[int]:
+    """``prefix`` + the re-rendered tail (see ``nemo_tau2_token_splice.splice_token_ids``); 400 if it cannot apply."""
+    try:
+        return splice_token_ids(prefix, rendered, end_of_turn_ids, prefix_field)
+    except SpliceError as e:
+        raise BadRequestError(str(e)) from e

@@ -53,6 +53,8 @@ class ChatCompletionRequest(BaseModel):
     repetition_penalty: float | None = None
     min_p: float | None = None
     logit_bias: dict[str, float] | None = None
+    required_prefix_token_ids: Any = None
+    """NeMo-RL's field: the ids the prompt must start with (checked, and spliced, by ``prefix.py``)."""
 
     def check_supported(self) -> None:
         """Reject what this surface cannot honour, naming the field (HTTP 400)."""
@@ -119,6 +121,7 @@ class TokenizeRequest(BaseModel):
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     add_special_tokens: bool | None = None
+    required_prefix_token_ids: Any = None
 
 
 class DetokenizeRequest(BaseModel):

