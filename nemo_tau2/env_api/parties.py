@@ -10,7 +10,6 @@
 """
 
 import time
-import zlib
 from dataclasses import dataclass
 
 from nemo_tau2.generation.launch import GenerationHandle
@@ -20,6 +19,7 @@ from nemo_tau2.gym.http_client import RETRYABLE_STATUSES, GymHttpClient, Infrast
 from nemo_tau2.gym.model_server.app import FastVLLMModelConfig
 from nemo_tau2.gym.model_server.conversion import BadRequest
 from nemo_tau2.gym.model_server.endpoint import ChatEndpoint, EndpointError
+from nemo_tau2.gym.model_server.routing import ReplicaRouter
 from nemo_tau2.gym.resources_server.app import call_tool, score_episode, start_episode
 from nemo_tau2.gym.stack import USER_MODEL, ModelEndpoint, model_server_spec
 from nemo_tau2.tau2_env import domains
@@ -83,19 +83,23 @@ class EndpointUserModel:
         config = FastVLLMModelConfig.model_validate(
             spec.config | {"name": USER_MODEL, "host": "127.0.0.1", "port": 0, "entrypoint": "app.py"}
         )
-        self.base_urls = handle.base_urls
+        # one replica per episode (its prefix cache), chosen as the model server chooses per session
+        self.router = ReplicaRouter(handle.base_urls, config.replica_routing, config.replica_retry_after_s)
         self.endpoint = ChatEndpoint(config, http, retry, retry_statuses=RETRYABLE_STATUSES)
 
     async def __call__(self, state: EpisodeState, body: dict) -> dict:
         started = time.perf_counter()
-        # one endpoint per episode (its prefix cache), as the model server does per session
-        base_url = self.base_urls[zlib.crc32(state.conversation_id.encode()) % len(self.base_urls)]
-        try:
-            return await self.endpoint.responses(body, base_url)
-        except (BadRequest, EndpointError) as e:
-            raise InfrastructureError(f"user simulator call failed: {e}") from e
-        finally:
-            state.seconds["user"] += time.perf_counter() - started
+        with self.router.call(state.conversation_id) as base_url:
+            try:
+                return await self.endpoint.responses(body, base_url)
+            except (BadRequest, EndpointError) as e:
+                raise InfrastructureError(f"user simulator call failed: {e}") from e
+            except InfrastructureError as e:
+                if e.unreachable:
+                    self.router.unreachable(base_url)
+                raise
+            finally:
+                state.seconds["user"] += time.perf_counter() - started
 
 
 class GymUserModel:

@@ -21,7 +21,14 @@ RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
 
 
 class InfrastructureError(RuntimeError):
-    """A server the episode depends on failed (after retries); the episode has no valid outcome."""
+    """A server the episode depends on failed (after retries); the episode has no valid outcome.
+
+    ``unreachable``: the last attempt got no answer at all (connection refused or dropped), as from a server that
+    is gone, which a caller with replicas may route around."""
+
+    def __init__(self, message: str, unreachable: bool = False) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
 
 
 class RetryConfig(BaseModel):
@@ -84,9 +91,11 @@ class GymHttpClient:
         data = orjson.dumps(payload)
         request_headers = {"Content-Type": "application/json", **(headers or {})}
         cause = ""
+        unreachable = False
         for attempt in range(1, retry.max_attempts + 1):
             if attempt > 1:
                 await asyncio.sleep(min(retry.backoff_s * 2 ** (attempt - 2), retry.max_backoff_s))
+            unreachable = False
             try:
                 async with self._http().post(
                     url,
@@ -112,5 +121,8 @@ class GymHttpClient:
                 cause = f"no answer within {retry.timeout_s:g} s"
             except aiohttp.ClientError as e:
                 cause = f"{type(e).__name__}: {e}"
+                unreachable = isinstance(e, aiohttp.ClientConnectionError)
             logger.warning("%s to %s failed (attempt %d/%d): %s", what, url, attempt, retry.max_attempts, cause)
-        raise InfrastructureError(f"{what} failed after {retry.max_attempts} attempts: {cause} ({url})")
+        raise InfrastructureError(
+            f"{what} failed after {retry.max_attempts} attempts: {cause} ({url})", unreachable=unreachable
+        )

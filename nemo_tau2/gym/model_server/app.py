@@ -6,14 +6,15 @@ for the prompt's token ids after each generation. In a training episode each pol
 turn's token ids, so that server spent most of a rollout's CPU (profile in ``BENCHMARKS.md``). This one takes the
 same ``VLLMModelConfig``, applies the same mapping on plain dicts (:mod:`.conversion`), and reads the prompt ids
 from the completion itself (vLLM >= 0.10.2 returns them with ``return_token_ids``), calling ``/tokenize`` only for
-endpoints that do not. Requests of one session go to one endpoint (its prefix cache), as in ``vllm_model``.
+endpoints that do not. With several endpoints (vLLM replicas), every call of a session goes to one of them (its
+prefix cache holds the episode's history), new sessions go to the least busy live one, and a replica that cannot
+be reached is routed around (:mod:`.routing`).
 
 What it does not do, refused at start-up or per request with a message naming the setting: Responses-native
 endpoints, reasoning parsers, ``sequential_reasoning_allowed: false``, audio metadata. For those, use NeMo-Gym's
 ``vllm_model``; the tau2 agent works with either (NeMo-RL points ``policy_model`` at its own ``vllm_model``).
 """
 
-import zlib
 from typing import Any
 
 import orjson
@@ -30,6 +31,7 @@ from nemo_tau2.gym.fast_middleware import FastMiddlewareMixin
 from nemo_tau2.gym.http_client import GymHttpClient, InfrastructureError, RetryConfig
 from nemo_tau2.gym.model_server.conversion import BadRequest
 from nemo_tau2.gym.model_server.endpoint import ChatEndpoint, EndpointError, read_request
+from nemo_tau2.gym.model_server.routing import ReplicaRouter, ReplicaRouting
 from nemo_tau2.gym.serving import disable_ray_uv_runtime_env
 
 _ANTHROPIC = base_responses_api_model._ANTHROPIC_CONVERTER  # the converter NeMo-Gym's /v1/messages uses
@@ -46,6 +48,14 @@ class FastVLLMModelConfig(GymInstanceConfigMixin, RequestLimitsMixin, VLLMModelC
     request_timeout_s: float = Field(
         default=600.0, gt=0, description="Per endpoint call; one attempt (the agent retries)."
     )
+    replica_routing: ReplicaRouting = Field(
+        default="sticky",
+        description="With several base_url: sticky keeps every call of an episode on one replica (its prefix "
+        "cache), new episodes on the least busy; round_robin spreads calls one by one (NeMo-RL's native path).",
+    )
+    replica_retry_after_s: float = Field(
+        default=30.0, gt=0, description="How long a replica that could not be reached gets no calls."
+    )
 
     @model_validator(mode="after")
     def _supported_settings(self) -> "FastVLLMModelConfig":
@@ -61,9 +71,16 @@ class FastVLLMModel(FastMiddlewareMixin, SimpleResponsesAPIModel):
     config: FastVLLMModelConfig
     _http: GymHttpClient = PrivateAttr()
     _endpoint: ChatEndpoint = PrivateAttr()
+    _router: ReplicaRouter = PrivateAttr()
 
     def model_post_init(self, context: Any) -> None:
         self._http = GymHttpClient()
+        urls = self.config.base_url
+        self._router = ReplicaRouter(
+            [urls] if isinstance(urls, str) else list(urls),
+            self.config.replica_routing,
+            self.config.replica_retry_after_s,
+        )
         retry = RetryConfig(timeout_s=self.config.request_timeout_s, max_attempts=1)
         self._endpoint = ChatEndpoint(self.config, self._http, retry)
         return super().model_post_init(context)
@@ -85,7 +102,7 @@ class FastVLLMModel(FastMiddlewareMixin, SimpleResponsesAPIModel):
             body = orjson.loads(await request.body())
             if not isinstance(body, dict):
                 raise BadRequest("the request body must be a JSON object")
-            payload, status = await handler(body, self._base_url(request)), 200
+            payload, status = await self._routed(request, handler, body), 200
         except (orjson.JSONDecodeError, BadRequest) as e:
             payload, status = {"detail": f"{type(e).__name__}: {e}"}, 400
         except (EndpointError, InfrastructureError) as e:
@@ -110,11 +127,18 @@ class FastVLLMModel(FastMiddlewareMixin, SimpleResponsesAPIModel):
     ) -> NeMoGymResponse:
         """The Gym base's /v1/messages (Anthropic) route goes through here."""
         body = params.model_dump(exclude_unset=True)
-        return NeMoGymResponse.model_validate(await self._endpoint.responses(body, self._base_url(request)))
+        return NeMoGymResponse.model_validate(await self._routed(request, self._endpoint.responses, body))
 
-    def _base_url(self, request: Request) -> str:
-        urls = self.config.base_url
-        return urls[zlib.crc32(request.session[SESSION_ID_KEY].encode()) % len(urls)] if len(urls) > 1 else urls[0]
+    async def _routed(self, request: Request, handler, body: dict) -> Any:
+        """Call ``handler`` on this session's replica; one that does not answer at all is set aside (the agent's
+        retry of the turn then goes to a live replica)."""
+        with self._router.call(request.session[SESSION_ID_KEY]) as base_url:
+            try:
+                return await handler(body, base_url)
+            except InfrastructureError as e:
+                if e.unreachable:
+                    self._router.unreachable(base_url)
+                raise
 
 
 if __name__ == "__main__":

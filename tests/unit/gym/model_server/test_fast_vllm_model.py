@@ -176,3 +176,19 @@ def test_a_session_stays_on_one_endpoint_and_sessions_spread(fast_server):
             assert requests.post(f"{url}/v1/responses", json=body, timeout=60).status_code == 200
         chats = [fake.stats().requests_by_route["chat"] for fake in (first, second)]
         assert min(chats) > 0 and sum(chats) == 20
+
+
+def test_a_replica_that_is_gone_moves_its_sessions_next_turns_to_a_live_one(fast_server):
+    with start_fake_server() as first, start_fake_server() as second:
+        url = fast_server([first.base_url, second.base_url])
+        with requests.Session() as session:  # one episode, pinned to a replica by its first call
+            assert session.post(f"{url}/v1/responses", json=_policy_request(), timeout=60).status_code == 200
+            pinned, survivor = (first, second) if first.stats().requests_by_route["chat"] else (second, first)
+            pinned.close()
+            lost = session.post(f"{url}/v1/responses", json=_policy_request(), timeout=60)
+            retried = [session.post(f"{url}/v1/responses", json=_policy_request(), timeout=60) for _ in range(3)]
+        new_episode = requests.post(f"{url}/v1/responses", json=_policy_request(conversation="n1"), timeout=60)
+        survivor_chats = survivor.stats().requests_by_route["chat"]
+    assert lost.status_code == 502 and "chat completion failed" in lost.json()["detail"]  # the turn's call failed
+    assert [r.status_code for r in retried] == [200, 200, 200]  # the agent's retry and later turns: the survivor
+    assert new_episode.status_code == 200 and survivor_chats == 4
