@@ -157,12 +157,17 @@ def validation_metrics(
                     log.append(record_of(result, keep_transcript=True))
                 results.append(result)
 
+    cache_before = environment.policy.prefix_cache_counters() if environment.policy is not None else None
     try:
         asyncio.run(collect())
     finally:
         if log is not None:
             log.close()
-    return rollout_pass_metrics(results, num_generations, seed, prefix)
+    metrics = rollout_pass_metrics(results, num_generations, seed, prefix)
+    cache_after = environment.policy.prefix_cache_counters() if cache_before is not None else None
+    if cache_after is not None and (rate := cache_after.hit_rate_since(cache_before)) is not None:
+        metrics[f"{prefix}/prefix_cache_hit_rate"] = rate  # vLLM: share of prompt tokens served from its cache
+    return metrics
 
 
 def validation_dir(log_dir: str | Path, step: int) -> Path:

@@ -34,6 +34,7 @@ from nemo_tau2.evals.results import (
 )
 from nemo_tau2.experience.progress import RolloutProgress
 from nemo_tau2.experience.rollouts import OK, SamplingParams, run_async_nemo_gym_rollout
+from nemo_tau2.generation.prefix_cache import PrefixCacheCounters
 from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec
 from nemo_tau2.tau2_env.gym_rows import load_rows
 from nemo_tau2.utils.metrics_logger import MetricsLogger
@@ -206,6 +207,7 @@ def run_eval(cfg: EvalMasterConfig, raw: DictConfig) -> tuple[dict[str, Any], st
         done = {key for key in log.done() if key[:2] in {(str(r["domain"]), str(r["task_id"])) for r in rows}}
         pending = pending_episodes(rows, cfg.eval.num_tests_per_prompt, done)
         total = len(rows) * cfg.eval.num_tests_per_prompt
+        cache_rate = None
         if not pending:
             logger.info("nothing left to do: all %d episodes are already done in %s", total, save_dir)
         elif done:
@@ -215,8 +217,12 @@ def run_eval(cfg: EvalMasterConfig, raw: DictConfig) -> tuple[dict[str, Any], st
                 Tau2Environment(environment_spec(cfg, rows, save_dir / "server_logs")) as env,
                 tqdm(total=total, initial=total - len(pending), desc="tau2 episodes", unit="ep") as progress,
             ):
+                cache_before = env.policy.prefix_cache_counters() if env.policy is not None else None
                 asyncio.run(_run_episodes(cfg, env, pending, log, progress))
+                cache_rate = _prefix_cache_hit_rate(env, cache_before)
         summary = summarize(cfg, log)
+        if cache_rate is not None:  # this run's episodes only (a resumed run's earlier ones were counted then)
+            summary["metrics"]["eval/overall/prefix_cache_hit_rate"] = cache_rate
         write_evaluation_data(save_dir, list(log), rows, cfg.eval.num_tests_per_prompt, cfg.eval.keep_transcripts)
     finally:
         log.close()
@@ -226,11 +232,20 @@ def run_eval(cfg: EvalMasterConfig, raw: DictConfig) -> tuple[dict[str, Any], st
     return summary, f"{headline(cfg, summary['metrics'])}\n\n{table}"
 
 
+def _prefix_cache_hit_rate(env: Tau2Environment, before: PrefixCacheCounters | None) -> float | None:
+    """The share of prompt tokens vLLM served from its prefix cache during the run (None: not vLLM)."""
+    after = env.policy.prefix_cache_counters() if before is not None and env.policy is not None else None
+    return after.hit_rate_since(before) if after is not None and before is not None else None
+
+
 def headline(cfg: EvalMasterConfig, metrics: dict[str, float]) -> str:
     """NeMo-RL's one-line result for ``eval.metric`` (``pass@k`` at the largest k, or ``mean_reward``)."""
     name = f"pass@{max(cfg.eval.k_values)}" if cfg.eval.metric == "pass@k" else "mean_reward"
     episodes = int(metrics.get("eval/overall/num_episodes", 0))
-    return f"metric={name} score={metrics.get(f'eval/overall/{name}', float('nan')):.4f} ({episodes} episodes)"
+    line = f"metric={name} score={metrics.get(f'eval/overall/{name}', float('nan')):.4f} ({episodes} episodes)"
+    if (cache_rate := metrics.get("eval/overall/prefix_cache_hit_rate")) is not None:
+        line += f"; vLLM prefix cache hit rate {cache_rate:.1%}"
+    return line
 
 
 def log_metrics(cfg: EvalMasterConfig, metrics: dict[str, float]) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 from nemo_tau2.generation.config import GenerationConfig, HfConfig, LlamacppConfig, OpenAIConfig
 from nemo_tau2.generation.errors import GenerationStartupError
+from nemo_tau2.generation.prefix_cache import PrefixCacheCounters, read_prefix_cache_counters
 from nemo_tau2.generation.serving import ManagedProcess, reserve_port, url_host, wait_until_healthy
 from nemo_tau2.generation.weight_stream import WeightStream
 from nemo_tau2.processes import register_secret
@@ -84,6 +85,10 @@ class GenerationHandle:
             raise NotImplementedError(f"backend {self.backend!r} serves fixed weights and cannot update them")
         assert checkpoint_dir is not None
         return self._load_checkpoint(checkpoint_dir)
+
+    def prefix_cache_counters(self) -> PrefixCacheCounters | None:
+        """vLLM's prefix-cache counters summed over the replicas (None for other backends or when unreadable)."""
+        return read_prefix_cache_counters(self.base_urls) if self.backend == "vllm" else None
 
     def shutdown(self) -> None:
         """Stop servers and processes; safe to call twice."""
