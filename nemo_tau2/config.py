@@ -11,8 +11,8 @@ Overrides use Hydra's grammar, checked against the loaded config:
 
 Values parse as YAML (``x=[1,2,4]``, ``x=null``, ``x=true``, ``x=1e-6``, ``x=${other.key}``). Interpolations stay
 lazy until the config is resolved (``validate_config`` or ``OmegaConf.to_container(cfg, resolve=True)``), with
-the resolvers ``mul``, ``add``, ``div`` and ``max`` registered as in NeMo-RL, and ``local_model`` (the folder of a
-model converted offline, e.g. ``${local_model:smollm2-135m-instruct}``, built on first use).
+the resolvers ``mul``, ``add``, ``div`` and ``max`` registered as in NeMo-RL (the front doors add ``local_model``:
+``nemo_tau2/generation/local_models.py``).
 """
 
 import argparse
@@ -29,7 +29,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ValidationError
 
-from nemo_tau2.generation.validation import GYM_RULES_ERROR, gym_rule_lines
+from nemo_tau2.keyed_problems import KEYED_PROBLEMS_ERROR, keyed_problem_lines
+from nemo_tau2.processes import is_secret_key
 
 REDACTED = "***REDACTED***"
 
@@ -64,24 +65,16 @@ def _div(numerator: float, denominator: float) -> float:
     return numerator / denominator
 
 
-def _local_model(name: str) -> str:
-    """A model folder the project builds offline, made on first use (``${local_model:smollm2-135m-instruct}``)."""
-    if name != "smollm2-135m-instruct":
-        raise ConfigError(f"${{local_model:{name}}}: unknown local model; the one there is: smollm2-135m-instruct")
-    from nemo_tau2.generation.smollm2 import smollm2_hf_dir
-
-    return str(smollm2_hf_dir())
-
-
 def register_omegaconf_resolvers() -> None:
-    """Register ``${mul:a,b,...}``, ``${add:a,b,...}``, ``${div:a,b}``, ``${max:a,b,...}`` (NeMo-RL's) and
-    ``${local_model:name}`` (idempotent)."""
+    """Register ``${mul:a,b,...}``, ``${add:a,b,...}``, ``${div:a,b}``, ``${max:a,b,...}`` (NeMo-RL's; idempotent).
+
+    ``${local_model:name}`` is the generation package's (``generation/local_models.py``): the front doors that load
+    configs with a generation block register it, so that this loader imports no generation code."""
     resolvers = {
         "mul": lambda *xs: math.prod(xs),
         "add": lambda *xs: sum(xs),
         "div": _div,
         "max": max,
-        "local_model": _local_model,
     }
     for name, fn in resolvers.items():
         if not OmegaConf.has_resolver(name):
@@ -332,8 +325,8 @@ def _describe_error(model: type[BaseModel], error: dict[str, Any]) -> str:
         return f"{key}: unknown key{hint}"
     if error["type"] == "missing":
         return f"{key}: required key is missing"
-    if error["type"] == GYM_RULES_ERROR:
-        return "\n  ".join(gym_rule_lines(error, key))
+    if error["type"] == KEYED_PROBLEMS_ERROR:
+        return "\n  ".join(keyed_problem_lines(error, key))
     if error["type"] == "value_error" and isinstance(error.get("input"), dict):
         # A cross-field check of a whole block: its message names the keys and the fix; the block is noise.
         return f"{key}: {error['msg'].removeprefix('Value error, ')}"
@@ -365,34 +358,6 @@ def validate_config[M: BaseModel](cfg: DictConfig | dict[str, Any], model: type[
 # ======================================================================================================
 # Saving configs without secrets
 # ======================================================================================================
-
-_SECRET_WORDS = {
-    *("password", "passwd", "secret", "secrets", "credential", "credentials", "apikey", "authorization", "bearer")
-}
-_SECRET_KEY_PREFIXES = {"api", "private", "access", "secret", "signing", "encryption"}
-# `<word>_token` keys that name a tokenizer's special token or a count, not a credential.
-_NON_SECRET_TOKEN_PREFIXES = {
-    *("pad", "eos", "bos", "unk", "sep", "cls", "mask", "stop", "start", "end", "special", "first", "last"),
-    *("max", "min", "num", "think", "thinking", "image", "audio", "video"),
-}
-
-
-def is_secret_key(key: str) -> bool:
-    """Whether a config key looks like it holds a secret (``api_key``, ``hf_token``, ``password``, ...).
-
-    Keys that only *name* an environment variable (``api_key_env``, ``token_env_var``) and token-count or
-    tokenizer keys (``max_tokens``, ``stop_token_ids``, ``pad_token``, ``token_level_loss``) are not secrets.
-    """
-    words = [w.lower() for w in re.split(r"[_\-\s.]+|(?<=[a-z])(?=[A-Z])", key) if w]
-    if not words or words[-1] == "env" or words[-2:] == ["env", "var"]:
-        return False
-    if _SECRET_WORDS.intersection(words):
-        return True
-    if words[-1] == "key" and len(words) > 1 and words[-2] in _SECRET_KEY_PREFIXES:
-        return True
-    if words[-1] == "token":
-        return len(words) == 1 or words[-2] not in _NON_SECRET_TOKEN_PREFIXES
-    return False
 
 
 def _redact(node: Any) -> Any:

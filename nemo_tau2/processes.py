@@ -3,6 +3,7 @@ that inherit no secret they do not need."""
 
 import ctypes
 import os
+import re
 import signal
 import sys
 
@@ -16,6 +17,35 @@ def die_with_parent() -> None:
 
 
 # ---------------------------------------------------------------- what a child process may see
+
+_SECRET_WORDS = {
+    *("password", "passwd", "secret", "secrets", "credential", "credentials", "apikey", "authorization", "bearer")
+}
+_SECRET_KEY_PREFIXES = {"api", "private", "access", "secret", "signing", "encryption"}
+# `<word>_token` keys that name a tokenizer's special token or a count, not a credential.
+_NON_SECRET_TOKEN_PREFIXES = {
+    *("pad", "eos", "bos", "unk", "sep", "cls", "mask", "stop", "start", "end", "special", "first", "last"),
+    *("max", "min", "num", "think", "thinking", "image", "audio", "video"),
+}
+
+
+def is_secret_key(key: str) -> bool:
+    """Whether a config key looks like it holds a secret (``api_key``, ``hf_token``, ``password``, ...).
+
+    Keys that only *name* an environment variable (``api_key_env``, ``token_env_var``) and token-count or
+    tokenizer keys (``max_tokens``, ``stop_token_ids``, ``pad_token``, ``token_level_loss``) are not secrets.
+    """
+    words = [w.lower() for w in re.split(r"[_\-\s.]+|(?<=[a-z])(?=[A-Z])", key) if w]
+    if not words or words[-1] == "env" or words[-2:] == ["env", "var"]:
+        return False
+    if _SECRET_WORDS.intersection(words):
+        return True
+    if words[-1] == "key" and len(words) > 1 and words[-2] in _SECRET_KEY_PREFIXES:
+        return True
+    if words[-1] == "token":
+        return len(words) == 1 or words[-2] not in _NON_SECRET_TOKEN_PREFIXES
+    return False
+
 
 _SECRET_VALUES: set[str] = set()
 _NOT_SECRET = {"", "EMPTY", "dummy", "none", "None"}
@@ -42,8 +72,6 @@ def child_environment(
     secret and, with ``drop_secret_names``, without any whose name looks like one (``OPENAI_API_KEY``, ``HF_TOKEN``:
     for children that never call an endpoint, such as the Gym servers and vLLM) except the names in ``keep``; then
     ``extra``."""
-    from nemo_tau2.config import is_secret_key
-
     env = {
         name: value
         for name, value in (os.environ if base is None else base).items()

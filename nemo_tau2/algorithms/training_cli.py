@@ -22,6 +22,7 @@ from nemo_tau2.config import (
     redact_secrets,
     validate_config,
 )
+from nemo_tau2.generation.local_models import register_local_model_resolver
 from nemo_tau2.utils.jsonl_log import write_json_atomic
 
 PLAN_SWITCH = {"--plan": "print the memory plan (per trainer rank, per vLLM GPU), exit"}
@@ -49,6 +50,7 @@ def read_config[Config: BaseModel](argv: list[str], schema: type[Config]) -> tup
     """``--config FILE [--plan] key=value ...``: the arguments, the raw config with the overrides, and the config
     checked against ``schema`` (every problem named, exit 2)."""
     args = parse_args(argv, switches=PLAN_SWITCH)
+    register_local_model_resolver()
     try:
         raw = apply_overrides(load_config(args.config), args.overrides)
         return args, raw, validate_config(raw, schema)

@@ -34,6 +34,7 @@ from nemo_tau2.evals.results import (
 )
 from nemo_tau2.experience.progress import RolloutProgress
 from nemo_tau2.experience.rollouts import OK, SamplingParams, run_async_nemo_gym_rollout
+from nemo_tau2.generation.local_models import register_local_model_resolver
 from nemo_tau2.generation.prefix_cache import PrefixCacheCounters
 from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec
 from nemo_tau2.tau2_env.gym_rows import load_rows
@@ -48,6 +49,7 @@ def setup_eval(raw: DictConfig, *, config_name: str = "eval") -> EvalMasterConfi
     Every problem (structure, values we cannot honour, gym rules) is reported in one error, one line each, naming
     the key and the fix. ``config_name`` names the default results folder when ``eval.save_path`` is null.
     """
+    register_local_model_resolver()
     try:
         data = OmegaConf.to_container(raw, resolve=True, throw_on_missing=True)
     except OmegaConfBaseException as e:

@@ -329,6 +329,9 @@ def rollout_metrics(results: Sequence[RolloutResult], wall_s: float | None = Non
         "total_reward/min": min(rewards),
         "success_rate": mean([float(r.success) for r in valid]),
         "turns_per_sample": mean([r.num_turns for r in valid]),
+        # policy turns whose tokens reach the trainer: all of them unless token contiguity broke (message_log is
+        # cut at the first break) or a turn generated nothing (a prompt that filled the context)
+        "trained_turns_per_sample": mean([sum(m["role"] == "assistant" for m in r.message_log) for r in valid]),
         "user_turns_per_sample": mean([r.num_user_turns for r in valid]),
         "total_tokens_per_sample": mean([r.total_tokens for r in valid]),
         "gen_tokens_per_sample": mean([r.generation_tokens for r in valid]),

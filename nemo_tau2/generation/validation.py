@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError, model_validator
-from pydantic_core import PydanticCustomError
 
 from nemo_tau2.generation.config import GenerationConfig
 from nemo_tau2.generation.errors import GenerationConfigError
+from nemo_tau2.keyed_problems import KEYED_PROBLEMS_ERROR, keyed_problem_lines, keyed_problems
 
 
 def gym_rule_violations(cfg: GenerationConfig) -> list[str]:
@@ -62,23 +62,16 @@ class GymGenerationConfig(GenerationConfig):
     def _gym_rules(self) -> "GymGenerationConfig":
         problems = gym_rule_violations(self)
         if problems:  # one error per rule, each naming its key, in the message: "<key>: <problem>" per line
-            raise PydanticCustomError(GYM_RULES_ERROR, "{problems}", {"problems": "\n".join(problems)})
+            raise keyed_problems(problems)
         return self
-
-
-GYM_RULES_ERROR = "gym_rules"
-
-
-def gym_rule_lines(error: Mapping[str, Any], path: str) -> list[str]:
-    """The lines of a :class:`GymGenerationConfig` error at ``path``: ``<path>.<key>: <problem>`` per rule."""
-    return [f"{path}.{line}" for line in error["ctx"]["problems"].splitlines()]
 
 
 def _format_pydantic_errors(error: ValidationError, key: str) -> list[str]:
     lines = []
     for item in error.errors():
         path = ".".join(str(part) for part in (key, *item["loc"]))
-        lines += gym_rule_lines(item, path) if item["type"] == GYM_RULES_ERROR else [f"{path}: {item['msg']}"]
+        is_keyed = item["type"] == KEYED_PROBLEMS_ERROR
+        lines += keyed_problem_lines(item, path) if is_keyed else [f"{path}: {item['msg']}"]
     return lines
 
 

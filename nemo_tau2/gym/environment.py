@@ -90,6 +90,8 @@ class Tau2Environment:
                 self.user = self._stack.enter_context(start_generation(self.spec.user.generation))
             kwargs = gym.policy_chat_template_kwargs
             template_kwargs = {"chat_template_kwargs": kwargs} if kwargs else {}
+            fast = gym.policy_model_server == "fast_vllm_model"
+            routing = {"replica_routing": gym.replica_routing} if fast else {}
             specs = tau2_stack(
                 ModelEndpoint(
                     self.policy.base_urls,
@@ -97,7 +99,7 @@ class Tau2Environment:
                     self.policy.api_key,
                     server=gym.policy_model_server,
                     return_token_ids=gym.return_token_ids,
-                    extra=template_kwargs,
+                    extra=template_kwargs | routing,
                 ),
                 ModelEndpoint(
                     self.user.base_urls,

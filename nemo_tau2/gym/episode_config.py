@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from nemo_tau2.generation.validation import GymGenerationConfig
 from nemo_tau2.gym.agent.user_strategies import UserStrategyConfig
 from nemo_tau2.gym.http_client import RetryConfig
+from nemo_tau2.gym.model_server.routing import ReplicaRouting
 from nemo_tau2.gym.stack import ModelServerKind
 
 
@@ -116,6 +117,12 @@ class NemoGymEnvConfig(EpisodeLimits):
         description="chat_template_kwargs the policy's model server adds to every request (vllm_model's "
         "chat_template_kwargs, e.g. {enable_thinking: false}); NeMo-RL's tokenizer.chat_template_kwargs.",
     )
+    replica_routing: ReplicaRouting = Field(
+        default="sticky",
+        description="With several policy replicas (vLLM data_parallel_size > 1): sticky keeps every turn of an "
+        "episode on one replica (its prefix cache), new episodes on the least busy; round_robin spreads turns one "
+        "by one. fast_vllm_model only (NeMo-Gym's vllm_model keeps sessions on one replica by itself).",
+    )
     session_idle_timeout_s: float = Field(default=1800.0, gt=0, description="The resources server ends idle sessions.")
     server_startup_timeout_s: float = Field(default=300.0, gt=0, description="Each Gym server must be up by then.")
 
@@ -125,5 +132,10 @@ class NemoGymEnvConfig(EpisodeLimits):
             raise ValueError(
                 "policy_chat_template_kwargs: openai_model sends no chat_template_kwargs; set "
                 "policy_model_server=fast_vllm_model (or drop the kwargs)"
+            )
+        if self.replica_routing != "sticky" and self.policy_model_server != "fast_vllm_model":
+            raise ValueError(
+                f"replica_routing: {self.replica_routing} needs policy_model_server=fast_vllm_model "
+                f"({self.policy_model_server} routes by itself); set it, or replica_routing=sticky"
             )
         return self

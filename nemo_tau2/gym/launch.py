@@ -8,7 +8,7 @@ classes run unchanged under ``gym env start`` and NeMo-RL.
 
 Secrets stay with the process that needs them. Every process gets the global config (it finds the others there),
 so any secret-looking key of an instance's config (``api_key``, ``openai_api_key``, an ``Authorization`` header;
-:func:`nemo_tau2.config.is_secret_key`) is taken out of it and handed to that instance's process alone, through a
+:func:`nemo_tau2.processes.is_secret_key`) is taken out of it and handed to that instance's process alone, through a
 pipe only it reads. No server inherits a variable of ours that holds such a value or whose name looks like a
 credential. Secrets never appear in a command line or an environment.
 
@@ -29,10 +29,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from nemo_tau2.config import is_secret_key
 from nemo_tau2.gym.fork_server import ForkServer, ForkServerError, ServerExit
 from nemo_tau2.gym.serving import CONFIG_DICT_ENV
-from nemo_tau2.processes import register_secret
+from nemo_tau2.processes import is_secret_key, register_secret
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ Typical use::
         assert fake.stats().requests_by_key[key] == 2
 """
 
-from nemo_tau2.experience.contiguity import ContiguityBreak, check_contiguity
+from nemo_tau2.generation.contiguity import ContiguityBreak, check_contiguity
 from nemo_tau2.testing.chat_tokens import ALT_SPACE_ID, SPECIAL_TOKENS, VOCAB_SIZE, TemplateError, prompt_ids
 from nemo_tau2.testing.config import ControlRequest, FakeServerConfig, ScriptSpec, TurnSpec
 from nemo_tau2.testing.engine import FakeEngine, FakeStats, RequestError
@@ -30,6 +30,7 @@ from nemo_tau2.testing.scripts import (
     Turn,
     TurnListScript,
 )
+from nemo_tau2.testing.tau2_provider import Tau2ScriptProvider
 from nemo_tau2.testing.tau2_scripts import (
     OUT_OF_SCOPE,
     STOP,
@@ -37,7 +38,6 @@ from nemo_tau2.testing.tau2_scripts import (
     PolicyScriptConfig,
     ScriptedUser,
     Tau2Key,
-    Tau2ScriptProvider,
     Tau2ScriptsConfig,
     UserScriptConfig,
     device_action_request,

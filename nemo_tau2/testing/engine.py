@@ -29,7 +29,7 @@ from nemo_tau2.testing.scripts import (
     Turn,
     TurnTracker,
 )
-from nemo_tau2.testing.tau2_scripts import Tau2ScriptProvider
+from nemo_tau2.testing.tau2_provider import Tau2ScriptProvider
 
 
 class RequestError(ValueError):

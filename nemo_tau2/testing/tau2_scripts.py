@@ -24,7 +24,6 @@ tau2 is imported on first use (it takes seconds), so servers that never see a ta
 import functools
 import json
 import re
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -34,11 +33,9 @@ from nemo_tau2.gym.agent import user_strategies as strategies
 from nemo_tau2.testing import chat_tokens
 from nemo_tau2.testing.scripts import (
     DEFAULT_CLOSING_TEXT,
-    Script,
     ScriptError,
     ScriptRequest,
     Turn,
-    TurnListScript,
     WhenExhausted,
 )
 
@@ -263,7 +260,7 @@ def transfer_turns(domain: str) -> list[Turn]:
 @functools.lru_cache(maxsize=4096)
 def policy_turns(domain: str, task_id: str, variant: str) -> tuple[Turn, ...]:
     """What the scripted policy says in an episode of the task (a :class:`PolicyScriptConfig` variant)."""
-    task = _get_task(domain, task_id)
+    task = task_of(domain, task_id)
     if variant == "do_nothing":
         return (Turn.say(DEFAULT_CLOSING_TEXT),)
     if variant == "wrong_argument":
@@ -273,7 +270,7 @@ def policy_turns(domain: str, task_id: str, variant: str) -> tuple[Turn, ...]:
     return tuple(oracle_turns(task))
 
 
-def _get_task(domain: str, task_id: str) -> "Task":
+def task_of(domain: str, task_id: str) -> "Task":
     from nemo_tau2.tau2_env import domains
 
     try:
@@ -396,64 +393,3 @@ def opening_text(task: "Task") -> str:
     known = _instruction_field(task, "known_info")
     reason = _instruction_field(task, "reason_for_call")
     return f"Hi! {reason}" + (f" {known}" if known else "")
-
-
-# ===================================================================================================== provider
-
-
-class Tau2ScriptProvider:
-    """Serves tau2 keys: the policy side per :class:`PolicyScriptConfig`, the user side per
-    :class:`UserScriptConfig`."""
-
-    def __init__(self, config: Tau2ScriptsConfig | None = None, max_reviewers: int = 100_000) -> None:
-        self.config = config or Tau2ScriptsConfig()
-        self._reviewers: OrderedDict[tuple[str, UserScriptConfig], ScriptedReviewer] = OrderedDict()
-        self._max_reviewers = max_reviewers
-
-    def script_for(self, key: str) -> Script | None:
-        parsed = Tau2Key.parse(key)
-        if parsed is None:
-            return None
-        if parsed.role == "user":
-            return _scripted_user(parsed.domain, parsed.task_id, self.config.user)
-        if parsed.role in ("user_check", "user_reflect"):
-            return self._reviewer(key, parsed.role)
-        policy = self.config.policy
-        variant = self._variant(parsed, policy)
-        turns = policy_turns(parsed.domain, parsed.task_id, variant)
-        return TurnListScript(turns, when_exhausted=policy.when_exhausted, token_consistent=policy.token_consistent)
-
-    @staticmethod
-    def _variant(key: Tau2Key, policy: PolicyScriptConfig) -> str:
-        if policy.variant == "oracle" or policy.variant_every == 1:
-            return policy.variant
-        index = key.sample_index
-        if index is None:
-            raise ScriptError(
-                f"policy variant_every={policy.variant_every} needs a sample index, but the episode id "
-                f"{key.episode_id!r} of key {str(key)!r} does not end with an integer"
-            )
-        return policy.variant if index % policy.variant_every == policy.variant_every - 1 else "oracle"
-
-    def _reviewer(self, key: str, role: Role) -> ScriptedReviewer:
-        """One reviewer per episode key (it counts that episode's checks); the oldest are forgotten."""
-        slot = (key, self.config.user)
-        reviewer = self._reviewers.get(slot)
-        if reviewer is None:
-            reviewer = self._reviewers[slot] = ScriptedReviewer(role, self.config.user)
-            if len(self._reviewers) > self._max_reviewers:
-                self._reviewers.popitem(last=False)
-        return reviewer
-
-    def preload(self, domain_names: list[str]) -> None:
-        """Import tau2 and load the domains' tasks now, not during the first request."""
-        from nemo_tau2.tau2_env import domains
-
-        for domain in domain_names:
-            domains.get_tasks(domain, "base")
-            domains.user_tool_names(domain)
-
-
-@functools.lru_cache(maxsize=4096)
-def _scripted_user(domain: str, task_id: str, config: UserScriptConfig) -> ScriptedUser:
-    return ScriptedUser(domain, _get_task(domain, task_id), config)

@@ -13,7 +13,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from nemo_tau2.experience.contiguity import check_contiguity
+from nemo_tau2.generation.contiguity import check_contiguity
 from nemo_tau2.gym.agent.conversation import (
     EpisodeState,
     RowError,

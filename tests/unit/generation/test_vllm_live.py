@@ -1,7 +1,8 @@
-"""The vllm backend against a real vLLM server (vLLM's CPU build, SmolLM2-135M-Instruct in float32), started once.
+"""The vllm backend against real vLLM (vLLM's CPU build, SmolLM2-135M-Instruct in float32): two replicas of our
+entry point, started once, serving a chat template that rewrites history as Qwen3's does.
 
-The server comes from ``start_generation`` with a ``policy.generation`` block, as in a run. The tests share it; the
-last one (a reload that fails inside vLLM) stops it, so it stays last.
+The servers come from ``start_generation`` with a ``policy.generation`` block, as in a run. The tests share them;
+the last one (a reload that fails inside vLLM) stops them, so it stays last.
 """
 
 import json
@@ -17,6 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from nemo_tau2.experience.rollouts import OK, SamplingParams, run_nemo_gym_rollout_sync
 from nemo_tau2.generation import GenerationConfig, start_generation
+from nemo_tau2.generation.prefix import find_token_prefix
 from nemo_tau2.generation.smollm2 import smollm2_hf_dir
 from nemo_tau2.generation.surface_check import ToolCallProbe, call_json, check_surface
 from nemo_tau2.generation.tiny_model import WEATHER_TOOL
@@ -24,9 +26,11 @@ from nemo_tau2.generation.vllm_launcher import EXTENSION_DIR, VllmReplicas, Weig
 from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec
 from nemo_tau2.gym.episode_config import NemoGymEnvConfig
 from nemo_tau2.tau2_env.gym_rows import task_row
+from tests.history_rewriting_template import write_history_rewriting_template
 from tests.vllm_env import vllm_python
 
 from .conftest import TOOL_PROMPT
+from .vllm_episodes import mock_episodes
 
 PERTURBED = "model.layers.3.mlp.down_proj.weight"
 TIED = "model.embed_tokens.weight"  # SmolLM2 ties lm_head to it: vLLM's CPU reload alone leaves lm_head stale
@@ -39,7 +43,8 @@ def model_dir():
 
 
 @pytest.fixture(scope="module")
-def vllm(model_dir):
+def vllm(model_dir, tmp_path_factory):
+    template = write_history_rewriting_template(tmp_path_factory.mktemp("template"))
     cfg = GenerationConfig(
         backend="vllm",
         model_name=str(model_dir),
@@ -51,6 +56,8 @@ def vllm(model_dir):
             "precision": "float32",
             "max_model_len": 4096,
             "cpu_kvcache_space_gb": 1,
+            "data_parallel_size": 2,
+            "http_server_serving_chat_kwargs": {"chat_template": template},
         },
     )
     with start_generation(cfg) as handle:
@@ -89,11 +96,12 @@ def _checkpoint(model_dir, target, edit) -> str:
     return str(target)
 
 
-def test_our_worker_extension_imports_alone_in_vllms_python():
-    """The vLLM process (Python 3.11 for vLLM's CPU build) imports this one file of ours and nothing else."""
+def test_our_server_and_worker_extension_import_alone_in_vllms_python():
+    """The vLLM process (Python 3.11 for vLLM's CPU build) imports these files of ours and nothing else of ours."""
     env = dict(os.environ, PYTHONPATH=str(EXTENSION_DIR))
-    probe = "import sys, nemo_tau2_vllm_extension; print(sys.version_info[:2], 'nemo_tau2' in sys.modules)"
-    result = subprocess.run([vllm_python(), "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    modules = "nemo_tau2_vllm_server, nemo_tau2_vllm_extension, nemo_tau2_token_splice"
+    probe = f"import sys, {modules}; print(sys.version_info[:2], 'nemo_tau2' in sys.modules)"
+    result = subprocess.run([vllm_python(), "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().endswith("False")
 
@@ -140,8 +148,8 @@ def test_vllm_speaks_the_surface_with_token_ids_logprobs_tool_calls_and_context_
     probe = ToolCallProbe(
         messages=TOOL_PROMPT, tools=[WEATHER_TOOL], tool_choice="required", expect_tool_calls_finish=False
     )
-    # stock vLLM ignores prompt_token_ids on messages and accepts stream/top_k/stop (see vllm_launcher)
-    report = check_surface(vllm.base_urls[0], tool_probe=probe, check_splice=False, check_rejections=False)
+    # our entry point splices recorded ids as our other servers do; vLLM accepts stream/top_k/stop (see vllm_launcher)
+    report = check_surface(vllm.base_urls[0], tool_probe=probe, check_splice=True, check_rejections=False)
     assert report.max_model_len == 4096  # so the context-length 400 (vLLM 0.32's nested error shape) was checked
     choice = report.tool_completion["choices"][0]
     (call,) = choice["message"]["tool_calls"]
@@ -158,7 +166,8 @@ def test_vllm_logprobs_are_the_served_models_own(vllm, model_dir):
 
 @pytest.mark.parametrize("server", ["fast_vllm_model", "vllm_model"])
 def test_a_tau2_episode_on_vllm_keeps_every_turn_contiguous(vllm, server):
-    """Each policy turn's prompt extends the previous turn's prompt + generation, through each Gym model server."""
+    """Each policy turn's prompt extends the previous turn's prompt + generation, through each Gym model server,
+    although the template re-renders history differently (the splice of recorded ids)."""
     fake_user = GenerationConfig(backend="fake", fake_cfg={}, temperature=0.0, top_p=1.0)
     spec = Tau2EnvironmentSpec(
         policy=vllm,
@@ -174,7 +183,80 @@ def test_a_tau2_episode_on_vllm_keeps_every_turn_contiguous(vllm, server):
     generated = [message for message in result.message_log if message["role"] == "assistant"]
     assert len(generated) >= 2, "the episode needs several policy turns to check contiguity"
     assert result.token_contiguity_breaks == []
+    assert len(generated) == result.num_turns  # every policy turn is trained on
     assert all(len(m["generation_logprobs"]) == len(m["token_ids"]) > 0 for m in generated)
+
+
+def test_with_the_splice_every_turn_extends_the_last_and_without_it_the_template_breaks_episodes(vllm, model_dir):
+    spliced = mock_episodes(vllm, strip_token_ids=False)
+    stripped = mock_episodes(vllm, strip_token_ids=True)  # what stock vLLM does: recorded ids ignored
+    for run in (spliced, stripped):
+        assert all(r.status == OK for r in run.results) and sum(r.num_turns for r in run.results) >= 8
+    assert [r.token_contiguity_breaks for r in spliced.results] == [[]] * len(spliced.results)
+    assert all(sum(m["role"] == "assistant" for m in r.message_log) == r.num_turns for r in spliced.results)
+    continued = 0
+    for request, answer in spliced.completions():
+        recorded = find_token_prefix(request["messages"])
+        if recorded is not None:  # turn t+1 starts with turn t's prompt + generation, token for token
+            assert answer["prompt_token_ids"][: len(recorded)] == recorded
+            continued += 1
+    assert continued >= 4
+    broken = [r for r in stripped.results if r.token_contiguity_breaks]
+    assert broken, "re-rendered from text, this template must break contiguity"
+    assert all(sum(m["role"] == "assistant" for m in r.message_log) < r.num_turns for r in broken)
+    # vLLM's logprobs of a later turn's generation are the model's on the spliced sequence
+    request, answer = max(spliced.completions(), key=lambda pair: len(pair[1]["prompt_token_ids"]))
+    assert find_token_prefix(request["messages"]) is not None
+    served = _vllm_logprobs(answer)
+    assert (served - _transformers_logprobs(model_dir, answer)).abs().max() < 2e-3
+
+
+def test_sticky_routing_keeps_each_episode_on_one_replica_and_hits_the_prefix_cache_more(vllm):
+    sticky = mock_episodes(vllm, routing="sticky", temperature=1.0, samples=3)
+    round_robin = mock_episodes(vllm, routing="round_robin", temperature=1.0, samples=3)
+    print(f"prefix cache hit rate: sticky {sticky.hit_rate:.3f}, round robin {round_robin.hit_rate:.3f}")
+    assert sticky.turns_off_their_replica() == 0
+    assert round_robin.turns_off_their_replica() > 0  # the check can fail
+    assert sticky.hit_rate > round_robin.hit_rate
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        ({"prompt_token_ids": "1 2 3"}, "messages[1].prompt_token_ids"),
+        ({"prompt_token_ids": [1, 10**7]}, "messages[1].prompt_token_ids"),
+        ({"generation_token_ids": [1.5]}, "messages[1].generation_token_ids"),
+        ({"generation_token_ids": None}, "messages[1].generation_token_ids"),
+        ({"prompt_token_ids": [2, 2, 2, 2, 2, 2, 2, 2, 2]}, "messages"),  # more turns than the conversation has
+        ({"required_prefix_token_ids": [-1]}, "required_prefix_token_ids"),
+    ],
+)
+def test_malformed_token_ids_are_a_400_naming_the_field_and_the_server_keeps_serving(vllm, edit, field):
+    url = f"{vllm.base_urls[0]}/chat/completions"
+    first = _greedy(vllm, max_tokens=4)
+    assistant = {
+        "role": "assistant",
+        "content": first["choices"][0]["message"]["content"],
+        "prompt_token_ids": first["prompt_token_ids"],
+        "generation_token_ids": first["choices"][0]["token_ids"],
+    }
+    extra = {k: v for k, v in edit.items() if k == "required_prefix_token_ids"}
+    assistant |= {k: v for k, v in edit.items() if k not in extra}
+    messages = [*PROMPT, assistant, {"role": "user", "content": "And one more?"}]
+    body = {"model": vllm.model_name, "messages": messages, "max_tokens": 4} | extra
+    status, answer = call_json("POST", url, body)
+    assert status == 400, answer
+    assert answer["error"]["param"] == field and field in answer["error"]["message"]
+    assert _greedy(vllm, max_tokens=4)["choices"][0]["token_ids"] == first["choices"][0]["token_ids"]
+
+
+def test_max_tokens_is_clamped_to_the_room_left_and_a_full_context_is_a_context_length_400(vllm):
+    url = f"{vllm.base_urls[0]}/chat/completions"
+    status, answer = call_json("POST", url, {"model": vllm.model_name, "messages": PROMPT, "max_tokens": 10**6})
+    assert status == 200 and answer["usage"]["total_tokens"] <= 4096, answer
+    long = [{"role": "user", "content": "colour " * 5000}]
+    status, answer = call_json("POST", url, {"model": vllm.model_name, "messages": long, "max_tokens": 8})
+    assert status == 400 and "maximum context length" in answer["error"]["message"]
 
 
 def test_a_reload_serves_the_new_weights_and_a_restore_the_old_ones_exactly(vllm, model_dir, tmp_path):

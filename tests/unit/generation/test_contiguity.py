@@ -1,6 +1,6 @@
 """check_contiguity: each turn's prompt must extend the previous prompt + generation."""
 
-from nemo_tau2.experience.contiguity import check_contiguity
+from nemo_tau2.generation.contiguity import check_contiguity
 
 
 def test_contiguous_turns_report_nothing():

@@ -1,0 +1,73 @@
+"""tau2 mock episodes on the module's vLLM replicas, each behind a recording proxy, for the live tests."""
+
+from dataclasses import dataclass, field
+
+from nemo_tau2.experience.rollouts import RolloutResult, SamplingParams, run_nemo_gym_rollout_sync
+from nemo_tau2.generation import GenerationConfig
+from nemo_tau2.generation.launch import GenerationHandle
+from nemo_tau2.generation.prefix import find_token_prefix
+from nemo_tau2.generation.surface_check import call_json
+from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec
+from nemo_tau2.gym.episode_config import NemoGymEnvConfig
+from nemo_tau2.tau2_env.gym_rows import task_row
+from tests.replica_proxy import ReplicaProxy
+
+TASKS = ("update_task_1", "create_task_1", "impossible_task_1")
+
+
+@dataclass
+class MockRun:
+    results: list[RolloutResult]
+    proxies: list[ReplicaProxy]
+    hit_rate: float | None = None
+    per_replica: list[list[tuple[dict, dict]]] = field(default_factory=list)
+
+    def completions(self) -> list[tuple[dict, dict]]:
+        return [pair for replica in self.per_replica for pair in replica]
+
+    def turns_off_their_replica(self) -> int:
+        """Turns (t+1) served by another replica than the one that generated turn t."""
+        answered = [
+            {tuple(answer["prompt_token_ids"] + answer["choices"][0]["token_ids"]) for _, answer in replica}
+            for replica in self.per_replica
+        ]
+        off = 0
+        for index, replica in enumerate(self.per_replica):
+            for request, _ in replica:
+                recorded = find_token_prefix(request["messages"])
+                off += recorded is not None and tuple(recorded) not in answered[index]
+        return off
+
+
+def mock_episodes(
+    vllm: GenerationHandle,
+    *,
+    strip_token_ids: bool = False,
+    routing: str = "sticky",
+    temperature: float = 0.0,
+    samples: int = 1,
+) -> MockRun:
+    """Run the mock tasks through proxies in front of ``vllm``'s replicas (prefix caches reset first)."""
+    for base_url in vllm.base_urls:
+        status, answer = call_json("POST", base_url.removesuffix("/v1") + "/reset_prefix_cache", {})
+        assert status == 200, answer
+    proxies = [ReplicaProxy(url, strip_token_ids=strip_token_ids) for url in vllm.base_urls]
+    try:
+        policy = GenerationHandle(backend="vllm", base_urls=[p.base_url for p in proxies], model_name=vllm.model_name)
+        spec = Tau2EnvironmentSpec(
+            policy=policy,
+            user=GenerationConfig(backend="fake", fake_cfg={}, temperature=0.0, top_p=1.0),
+            domains=["mock"],
+            gym=NemoGymEnvConfig(max_steps=12, return_token_ids=True, replica_routing=routing),
+        )
+        rows = [task_row("mock", task, split="base") for task in TASKS]
+        sampling = SamplingParams(temperature=temperature, top_p=1.0, max_new_tokens=48)
+        with Tau2Environment(spec) as environment:
+            before = policy.prefix_cache_counters()
+            results = run_nemo_gym_rollout_sync(rows, environment.agent_urls, sampling, samples)
+            after = policy.prefix_cache_counters()
+        hit_rate = after.hit_rate_since(before) if before and after else None
+        return MockRun(results, proxies, hit_rate, [list(p.completions) for p in proxies])
+    finally:
+        for proxy in proxies:
+            proxy.__exit__()
