@@ -191,7 +191,8 @@ def test_with_the_splice_every_turn_extends_the_last_and_without_it_the_template
     spliced = mock_episodes(vllm, strip_token_ids=False)
     stripped = mock_episodes(vllm, strip_token_ids=True)  # what stock vLLM does: recorded ids ignored
     for run in (spliced, stripped):
-        assert all(r.status == OK for r in run.results) and sum(r.num_turns for r in run.results) >= 8
+        assert all(r.status == OK for r in run.results), [r.error for r in run.results]
+        assert sum(r.num_turns > 1 for r in run.results) >= 2, "the check needs multi-turn episodes"
     assert [r.token_contiguity_breaks for r in spliced.results] == [[]] * len(spliced.results)
     assert all(sum(m["role"] == "assistant" for m in r.message_log) == r.num_turns for r in spliced.results)
     continued = 0
@@ -200,7 +201,7 @@ def test_with_the_splice_every_turn_extends_the_last_and_without_it_the_template
         if recorded is not None:  # turn t+1 starts with turn t's prompt + generation, token for token
             assert answer["prompt_token_ids"][: len(recorded)] == recorded
             continued += 1
-    assert continued >= 4
+    assert continued >= 2
     broken = [r for r in stripped.results if r.token_contiguity_breaks]
     assert broken, "re-rendered from text, this template must break contiguity"
     assert all(sum(m["role"] == "assistant" for m in r.message_log) < r.num_turns for r in broken)
