@@ -34,6 +34,7 @@ import contextlib
 import datetime
 import gc
 import json
+import math
 import random
 import statistics
 import subprocess
@@ -68,6 +69,7 @@ LOSS = ClippedPGLossFn(ClippedPGLossConfig(ratio_clip_max=0.28, use_importance_s
 GPU = {"max_len": 32768, "budgets": (4096, 8192, 16384, 32768, 65536), "chunk": 1024, "gen": (1024, 128)}
 DRY_RUN = {"max_len": 128, "budgets": (128, 256), "chunk": 32, "gen": (16, 4)}
 CONCURRENCY = (1, 8, 32)
+ERRORS = {"error", "timed_error", "generation_error"}  # a shape with any of them failed
 TINY_QWEN3 = {"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
               "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 1024,
               "max_position_embeddings": 4096, "tie_word_embeddings": True}  # fmt: skip
@@ -136,8 +138,8 @@ def grpo_step(policy: Policy, sequences: list[TrainingSequence]) -> tuple[float,
         seq.prev_logprobs, seq.reference_logprobs = lp, ref
     scored = time.perf_counter()
     metrics = policy.train(sequences, LOSS)
-    if not metrics["grad_norm"] == metrics["grad_norm"]:  # NaN
-        raise RuntimeError("the training step gave a NaN gradient norm")
+    if not math.isfinite(metrics["grad_norm"]):
+        raise RuntimeError(f"the training step gave a gradient norm of {metrics['grad_norm']} (step skipped)")
     return scored - started, time.perf_counter() - scored
 
 
@@ -371,9 +373,10 @@ def main(argv: list[str] | None = None) -> int:
     summary = {
         "check": "gpu_check_summary", "device": card, "peak_bf16_tflops": peak_tflops, "dry_run": args.dry_run,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "commit": _commit(),
-        "torch": torch.__version__, "failed": [r["shape"] for r in records if "error" in r],
+        "torch": torch.__version__, "failed": [r["shape"] for r in records if ERRORS & set(r)],
         "shapes": {r["shape"]: {k: r.get(k) for k in ("layers", "layers_full", "train_tokens_per_s", "train_mfu",
-                   "memory_ratio", "largest_micro_batch_tokens", "generation_tokens_per_s")} for r in records},
+                   "memory_ratio", "largest_micro_batch_tokens", "generation_tokens_per_s", "error", "timed_error",
+                   "generation_error")} for r in records},
         "memory_plan": {k: v for k, v in calibration.items() if k != "measurements"},
     }  # fmt: skip
     if args.write_calibration:

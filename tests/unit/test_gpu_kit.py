@@ -157,3 +157,20 @@ def test_without_a_gpu_the_check_asks_for_one_or_the_dry_run(gpu_check, capsys):
     with pytest.raises(SystemExit) as exit_info:
         gpu_check["parse_args"]([])
     assert exit_info.value.code == 2 and "--dry-run" in capsys.readouterr().err
+
+
+def test_a_micro_batch_that_runs_out_of_memory_is_recorded_as_not_fitting(gpu_check):
+    class OutOfMemoryPolicy:  # what a GPU does when the ladder reaches a micro-batch too large for it
+        def get_logprobs(self, sequences):
+            raise torch.OutOfMemoryError("CUDA out of memory")
+
+    plan = type("Plan", (), {"total_bytes": 90e9})()
+    sizes = gpu_check["DRY_RUN"]
+    meter = gpu_check["PeakMemory"](torch.device("cpu"))
+    row = gpu_check["ladder_step"](OutOfMemoryPolicy(), plan, 256, sizes, 1024, meter)
+    assert row == {"tokens": 256, "fits": False, "estimated_bytes": 90e9}
+
+
+def test_model_flops_count_matmuls_and_causal_attention_within_each_packed_sequence(gpu_check):
+    # 2 N T + 2 L d sum(len^2): N=10 matmul weights, T=8 tokens in sequences of 3 and 5, L=2 layers, d=4
+    assert gpu_check["forward_flops"](10, 2, 4, [3, 5]) == 2 * 10 * 8 + 2 * 2 * 4 * (9 + 25)
