@@ -26,7 +26,9 @@ Per generation GPU (vLLM): ``gpu_memory_utilization`` of the GPU, minus the weig
 CPU trainer ranks then share with it.
 
 These are estimates from first principles, not measurements (no GPU has run them here); they err on the side of
-more memory. A config that cannot fit is refused at start-up naming the settings that would make it fit.
+more memory. ``bench/gpu_check.py`` measures them on a GPU and suggests the two constants below that a measurement
+corrects (``RUNTIME_OVERHEAD_BYTES``, ``TOKEN_BYTES_SCALE``). A config that cannot fit is refused at start-up naming
+the settings that would make it fit.
 """
 
 import logging
@@ -42,8 +44,12 @@ from nemo_tau2.models.policy.config import PolicyConfig
 logger = logging.getLogger(__name__)
 
 GB = 1e9
+# Constants a GPU measurement corrects (bench/gpu_check.py --write-calibration; README: "The GPU kit"). Measured on:
+# no GPU yet (first principles). When corrected, name the card, date and commit here and in BENCHMARKS.md.
 RUNTIME_OVERHEAD_BYTES = 3 * GB
 """CUDA context, NCCL communicators and allocator fragmentation, per GPU."""
+TOKEN_BYTES_SCALE = 1.0
+"""Measured over estimated bytes of what grows with the micro-batch's tokens (activations, logits)."""
 VLLM_WORKSPACE_BYTES = 4 * GB
 """vLLM's activation workspace and CUDA graphs outside the KV cache, per GPU."""
 GIB = 2**30
@@ -75,6 +81,7 @@ class DevicePlan:
     on_gpu: bool = True
     items: dict[str, float] = field(default_factory=dict)
     host_items: dict[str, float] = field(default_factory=dict)  # offloaded to host memory, per rank
+    token_items: list[str] = field(default_factory=list)  # the items that grow with the micro-batch's tokens
     notes: list[str] = field(default_factory=list)
     shortfall: str | None = None  # a reason it cannot work even within the budget
 
@@ -162,10 +169,12 @@ def trainer_plan(cfg: PolicyConfig, m: ModelShape, *, reference: bool, budget: t
     else:
         activations = tokens * m.num_blocks * per_block
         label = f"activations, {tokens} tokens ({m.num_blocks} blocks)"
-    plan.items[label] = activations
     chunk = min(cfg.logprob_chunk_size or tokens, tokens)
     logits = tokens * m.vocab_size * (2 * c) + chunk * m.vocab_size * 12  # logits + grad; fp32 chunk + entropy
-    plan.items[f"logits (vocab {m.vocab_size}, fp32 softmax over {chunk} positions at a time)"] = logits
+    logits_label = f"logits (vocab {m.vocab_size}, fp32 softmax over {chunk} positions at a time)"
+    for name, value in ((label, activations), (logits_label, logits)):
+        plan.items[name] = value * TOKEN_BYTES_SCALE
+        plan.token_items.append(name)
     if on_gpu:
         plan.items["CUDA context, NCCL, allocator slack"] = RUNTIME_OVERHEAD_BYTES
     return plan

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import math
 import socket
+import sys
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -115,12 +116,13 @@ class PolicyWorker:
 
     def rendezvous_address(self) -> str:
         """``tcp://host:port`` of a free port on this node, for the other ranks to join (rank 0 only)."""
-        try:
+        # A Ray actor has Ray loaded and needs its node's address; an in-process rank never imports Ray for this
+        # (the GPU kit's machine has no Ray).
+        host = "127.0.0.1"
+        if "ray" in sys.modules and sys.modules["ray"].is_initialized():
             import ray.util
 
-            host = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
-        except ImportError:
-            host = "127.0.0.1"
+            host = ray.util.get_node_ip_address()
         with socket.socket() as s:
             s.bind((host, 0))
             port = s.getsockname()[1]

@@ -60,11 +60,11 @@ def mock_episodes(
             domains=["mock"],
             gym=NemoGymEnvConfig(max_steps=12, return_token_ids=True, replica_routing=routing),
         )
-        rows = [task_row("mock", task, split="base") for task in TASKS]
+        rows = [task_row("mock", task, split="base") | {"sample_index": k} for task in TASKS for k in range(samples)]
         sampling = SamplingParams(temperature=temperature, top_p=1.0, max_new_tokens=48)
         with Tau2Environment(spec) as environment:
             before = policy.prefix_cache_counters()
-            results = run_nemo_gym_rollout_sync(rows, environment.agent_urls, sampling, samples)
+            results = run_nemo_gym_rollout_sync(rows, environment.agent_urls, sampling, 1)
             after = policy.prefix_cache_counters()
         hit_rate = after.hit_rate_since(before) if before and after else None
         return MockRun(results, proxies, hit_rate, [list(p.completions) for p in proxies])

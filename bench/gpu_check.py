@@ -1,0 +1,392 @@
+"""The GPU kit's check: our trainer's GRPO step and the hf engine's generation on one bare CUDA device, measured.
+
+Per Qwen3 shape (``--shapes``, from ``nemo_tau2/models/hf_configs/``; random weights, nothing downloaded) it runs the
+trainer's own code path through :class:`~nemo_tau2.models.policy.Policy`: FSDP2 over the one device (a one-rank
+process group, as ``dtensor_cfg.enabled`` runs it), bf16 compute with fp32 master weights, activation checkpointing,
+packed micro-batches of tau2-like episodes (the test split's length mix, the longest 32k tokens), the fp32
+log-softmax 1,024 positions at a time, the reference model, ``get_logprobs`` + ``get_reference_policy_logprobs`` +
+``train`` with the recipe's ``ClippedPGLossFn`` (KL, importance correction), clip and AdamW step. Then:
+
+- **micro-batch ladder**: one step per token budget (4k .. ``--max-tokens``), largest that fits, and the peak memory
+  of each against the memory plan's estimate for it (``ratio`` = measured / estimated; the measured peak is the
+  allocator's peak reservation plus what the process holds outside it: CUDA context, NCCL, cuBLAS workspace);
+- **speed** at the recipe's 32k-token micro-batch (or the largest that fits): median of ``--steps`` steps, trained
+  tokens/s and MFU against the card's dense bf16 peak. Model FLOPs per micro-batch, forward:
+  ``2 N T + 2 L d sum(len_i^2)`` (``N`` matmul weights, ``T`` tokens, ``L`` layers, ``d`` attention width; causal
+  attention within each packed sequence); a training step counts 3x (recomputation not counted, as MFU does);
+- a shape whose plan cannot fit one device (16 bytes per parameter of fp32 weights, gradients and AdamW state) runs
+  with fewer layers, the most that the plan fits (``layers`` of ``layers_full``): per-layer cost and MFU carry over;
+- **generation**: the hf engine (continuous batching, bf16, full depth) at 1, 8 and 32 concurrent requests: generated
+  tokens/s, a floor for the rollout side (vLLM cannot reach the kit's machine).
+
+One JSON line per shape, then the summary (last line) with the memory plan's calibration: ``--write-calibration
+FILE`` stores it (see ``nemo_tau2/models/memory_calibration.py``). ``--dry-run`` runs the same path on CPU with a
+tiny Qwen3 shape (CI). Import closure: the trainer core only (torch, transformers, pydantic; no Ray, NeMo-Gym, tau2,
+vLLM, omegaconf or litellm), so it runs on a torch-only machine (README: "The GPU kit").
+
+    python bench/gpu_check.py --dry-run
+    python bench/gpu_check.py --shapes 0.6b,1.7b --out gpu_check.jsonl --write-calibration calibration.json
+"""
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import gc
+import json
+import math
+import random
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+import nemo_tau2  # noqa: F401  (offline settings first)
+from nemo_tau2.algorithms.loss import ClippedPGLossConfig, ClippedPGLossFn
+from nemo_tau2.generation.engine import GenerationRequest
+from nemo_tau2.generation.hf_engine import HFEngine
+from nemo_tau2.generation.tiny_model import build_tiny_tokenizer
+from nemo_tau2.models.memory_calibration import PeakMeasurement, calibration_report
+from nemo_tau2.models.memory_plan import GB, ClusterConfig, make_plan
+from nemo_tau2.models.model_shape import ModelShape, find_model_config, model_shape
+from nemo_tau2.models.policy import Policy, PolicyConfig, TrainingSequence
+
+SHAPES = {
+    "0.6b": "Qwen/Qwen3-0.6B",
+    "1.7b": "Qwen/Qwen3-1.7B",
+    "4b": "Qwen/Qwen3-4B-Instruct-2507",
+    "8b": "Qwen/Qwen3-8B",
+}
+PEAK_BF16_TFLOPS = {"H100 PCIe": 756.0, "H100": 989.0, "H200": 989.0}  # dense; first name found in the card's
+LENGTHS = Path(__file__).parent / "data" / "tau2_test_episode_lengths.json"
+# The recipes' loss (examples/configs/grpo_tau2_qwen3_4b.yaml) and sizes.
+LOSS = ClippedPGLossFn(ClippedPGLossConfig(ratio_clip_max=0.28, use_importance_sampling_correction=True))
+GPU = {"max_len": 32768, "budgets": (4096, 8192, 16384, 32768, 65536), "chunk": 1024, "gen": (1024, 128)}
+DRY_RUN = {"max_len": 128, "budgets": (128, 256), "chunk": 32, "gen": (16, 4)}
+CONCURRENCY = (1, 8, 32)
+ERRORS = {"error", "timed_error", "generation_error"}  # a shape with any of them failed
+TINY_QWEN3 = {"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 1024,
+              "max_position_embeddings": 4096, "tie_word_embeddings": True}  # fmt: skip
+
+
+class PeakMemory:
+    """Peak bytes over a window. GPU: the caching allocator's peak reservation plus what the process holds outside
+    it (context, NCCL, cuBLAS workspace). CPU (dry run): peak resident set (Linux VmHWM, reset through
+    ``/proc/self/clear_refs``) above the resident set before any model was built; host figures, for the mechanism."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.baseline = 0 if device.type == "cuda" else self._status("VmRSS")
+
+    @staticmethod
+    def _status(key: str) -> int:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError(f"/proc/self/status has no {key}")
+
+    def start(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current resident set
+
+    def peak(self) -> float:
+        if self.device.type != "cuda":
+            return float(self._status("VmHWM") - self.baseline)
+        torch.cuda.synchronize()
+        free, total = torch.cuda.mem_get_info()
+        outside = max(total - free - torch.cuda.memory_reserved(), 0)
+        return float(torch.cuda.max_memory_reserved() + outside)
+
+
+def episodes(budget: int, max_len: int, vocab: int, seed: int) -> list[TrainingSequence]:
+    """Episodes of exactly ``budget`` tokens in all, lengths from the tau2 mix (longest ``max_len``): a prompt, then
+    turns of 16 tokens, policy (mask 1) and tool (mask 0) in turn."""
+    mix = json.loads(LENGTHS.read_text())["episodes"]
+    scale = max_len / max(e["total_tokens"] for e in mix)
+    draw, generator = random.Random(seed), torch.Generator().manual_seed(seed)
+    out, left = [], budget
+    while left >= 2:
+        episode = draw.choice(mix)
+        n = min(max(4, round(episode["total_tokens"] * scale)), left, max_len)
+        n -= 2 - (left - n) if 0 < left - n < 2 else 0  # never leave a 1-token remainder
+        prompt = min(max(1, round(episode["prompt_tokens"] * scale)), n - 1)
+        mask = [0] * prompt + [(t // 16 + 1) % 2 for t in range(n - prompt)]
+        ids = torch.randint(10, vocab, (n,), generator=generator).tolist()
+        out.append(TrainingSequence(ids, mask, [-1.0 * m for m in mask], advantage=1.0 if len(out) % 2 else -1.0))
+        left -= n
+    return out
+
+
+def forward_flops(matmul_params: int, layers: int, attention_width: int, lengths: list[int]) -> float:
+    return 2.0 * matmul_params * sum(lengths) + 2.0 * layers * attention_width * sum(n * n for n in lengths)
+
+
+def grpo_step(policy: Policy, sequences: list[TrainingSequence]) -> tuple[float, float]:
+    """The trainer's part of one GRPO step: logprobs (policy, reference), then ``train``; returns both times."""
+    started = time.perf_counter()
+    for seq, lp, ref in zip(sequences, policy.get_logprobs(sequences),
+                            policy.get_reference_policy_logprobs(sequences), strict=True):  # fmt: skip
+        seq.prev_logprobs, seq.reference_logprobs = lp, ref
+    scored = time.perf_counter()
+    metrics = policy.train(sequences, LOSS)
+    if not math.isfinite(metrics["grad_norm"]):
+        raise RuntimeError(f"the training step gave a gradient norm of {metrics['grad_norm']} (step skipped)")
+    return scored - started, time.perf_counter() - scored
+
+
+def fitting_depth(cfg: PolicyConfig, shape: ModelShape, cluster: ClusterConfig) -> int:
+    """The most layers (all of them if possible, at least 2) whose plan fits one device at ``cfg``'s budget."""
+    for layers in range(shape.num_blocks, 1, -1):
+        if make_plan(cfg, cluster, reference=True, shape=with_blocks(shape, layers)).fits:
+            return layers
+    return 2
+
+
+def with_blocks(shape: ModelShape, layers: int) -> ModelShape:
+    return replace(shape, num_blocks=layers, parameters=shape.root_parameters + layers * shape.block_parameters)
+
+
+def with_budget(cfg: PolicyConfig, tokens: int) -> PolicyConfig:
+    packing = cfg.sequence_packing.model_copy(update={"train_mb_tokens": tokens})
+    return cfg.model_copy(update={"sequence_packing": packing})
+
+
+def ladder_step(policy: Policy, plan, budget: int, sizes: dict, vocab: int, meter: PeakMemory) -> dict:
+    """One GRPO step on ``budget`` tokens with its peak memory against ``plan`` (a trainer rank's DevicePlan)."""
+    meter.start()
+    try:
+        score_s, train_s = grpo_step(policy, episodes(budget, sizes["max_len"], vocab, seed=budget))
+    except torch.OutOfMemoryError:
+        _free(meter.device)
+        return {"tokens": budget, "fits": False, "estimated_bytes": plan.total_bytes}
+    measured = PeakMeasurement.of(plan, shape=policy.cfg.model_name, tokens=budget, measured_bytes=meter.peak())
+    return {"tokens": budget, "fits": True, "peak_bytes": measured.measured_bytes,
+            "estimated_bytes": measured.estimated_bytes, "ratio": round(measured.ratio, 4),
+            "step_s": round(score_s + train_s, 4), "measurement": measured}  # fmt: skip
+
+
+def timed_steps(policy: Policy, budget: int, sizes: dict, shape: ModelShape, matmul: int, steps: int,
+                peak_tflops: float | None) -> dict:  # fmt: skip
+    """Median of ``steps`` GRPO steps on ``budget`` tokens: tokens/s and MFU (see the module docstring)."""
+    sequences = episodes(budget, sizes["max_len"], shape.vocab_size, seed=0)
+    times = [grpo_step(policy, sequences) for _ in range(steps)]
+    score_s, train_s = statistics.median(s for s, _ in times), statistics.median(t for _, t in times)
+    lengths = [len(s) for s in sequences]
+    train_tflops = 3 * forward_flops(matmul, shape.num_blocks, shape.attention_width, lengths) / train_s / 1e12
+    return {"timed_tokens": sum(lengths), "sequences": len(lengths), "step_s": round(score_s + train_s, 4),
+            "train_s": round(train_s, 4), "train_tokens_per_s": round(sum(lengths) / train_s, 1),
+            "step_tokens_per_s": round(sum(lengths) / (score_s + train_s), 1),
+            "train_tflops": round(train_tflops, 3),
+            "train_mfu": round(train_tflops / peak_tflops, 4) if peak_tflops else None}  # fmt: skip
+
+
+def check_shape(name: str, config, device: torch.device, sizes: dict, args, peak_tflops, meter) -> dict:
+    """One shape: the ladder, the timed steps, generation (see the module docstring); the shape's JSON record."""
+    budgets = [b for b in sizes["budgets"] if b <= args.max_tokens] or [args.max_tokens]
+    cfg = PolicyConfig(model_name=name, train_global_batch_size=1 << 20, train_micro_batch_size=1,
+                       max_total_sequence_length=min(sizes["max_len"], max(budgets)), precision="bfloat16",
+                       logprob_chunk_size=sizes["chunk"], device=device.type,
+                       dtensor_cfg={"enabled": True, "activation_checkpointing": True},
+                       sequence_packing={"enabled": True, "train_mb_tokens": max(budgets)})  # fmt: skip
+    sizes = sizes | {"max_len": cfg.max_total_sequence_length}
+    cluster, timed_budget = ClusterConfig(), min(sizes["max_len"], max(budgets))
+    full = model_shape(config, name, "hf_configs")
+    layers = fitting_depth(with_budget(cfg, timed_budget), full, cluster)
+    shape = with_blocks(full, layers)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(with_layers(config, layers), dtype=torch.float32)
+    matmul = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    tokenizer = build_tiny_tokenizer()
+    record: dict = {"shape": name, "layers": layers, "layers_full": full.num_blocks, "parameters": shape.parameters}
+    policy = Policy(cfg, model=model, tokenizer=tokenizer, init_reference_model=True)
+    del model
+    ladder: list[dict] = []
+    try:
+        for budget in budgets:
+            plan = make_plan(with_budget(cfg, budget), cluster, reference=True, shape=shape).devices[0]
+            ladder.append(ladder_step(policy, plan, budget, sizes, shape.vocab_size, meter))
+            row = ladder[-1]
+            _log(f"{name}: {budget} tokens: " + (f"peak {row['peak_bytes'] / GB:.2f} GB, plan "
+                 f"{row['estimated_bytes'] / GB:.2f} GB (ratio {row['ratio']:.2f}), step {row['step_s']:.2f} s"
+                 if row["fits"] else f"out of memory (plan {plan.total_bytes / GB:.1f} GB)"))  # fmt: skip
+            if not row["fits"]:
+                break
+        fitting = [row["tokens"] for row in ladder if row["fits"]]
+        if fitting:
+            timed = max([b for b in fitting if b <= timed_budget] or fitting[:1])
+            record["memory_ratio"] = next(row["ratio"] for row in ladder if row["tokens"] == timed)
+            try:  # after an out-of-memory step the ladder's figures still count
+                record |= timed_steps(policy, timed, sizes, shape, matmul, args.steps, peak_tflops)
+            except Exception as e:
+                record["timed_error"] = _one_line(e)
+    finally:
+        policy.shutdown()
+        del policy
+        _free(device)
+    measurements = [row.pop("measurement") for row in ladder if row["fits"]]
+    record |= {"ladder": ladder, "largest_micro_batch_tokens": max(fitting, default=None)}
+    if not args.no_generation:
+        try:
+            record["generation_tokens_per_s"] = generation_speed(config, tokenizer, device, sizes["gen"])
+        except Exception as e:  # the trainer's figures above still count
+            record["generation_error"] = _one_line(e)
+        _free(device)
+    return record | {"measurements": [m.as_dict() for m in measurements]}
+
+
+def with_layers(config, layers: int):
+    """``config`` with ``layers`` transformer blocks (per-layer lists dropped: the class rebuilds them)."""
+    fields = config.to_dict() | {"num_hidden_layers": layers, "max_window_layers": layers}
+    fields.pop("layer_types", None)
+    return type(config)(**fields)
+
+
+def generation_speed(config, tokenizer, device: torch.device, sizes: tuple[int, int]) -> dict[str, float]:
+    """Generated tokens/s of the hf engine (full depth, bf16 on a GPU) at each of ``CONCURRENCY`` requests."""
+    prompt_tokens, new_tokens = sizes
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if device.type == "cuda" else None)
+    engine = HFEngine(model, tokenizer, model_name="gpu_check", max_batch_size=max(CONCURRENCY))
+    generator = torch.Generator().manual_seed(0)
+
+    async def run(concurrency: int, max_tokens: int) -> float:
+        requests = [GenerationRequest(torch.randint(10, config.vocab_size, (prompt_tokens,), generator=generator)
+                                      .tolist(), max_tokens, 1.0, 1.0, seed=i, top_logprobs=0)
+                    for i in range(concurrency)]  # fmt: skip
+        started = time.perf_counter()
+        results = await asyncio.gather(*(engine.generate(r) for r in requests))
+        return sum(len(r.tokens) for r in results) / (time.perf_counter() - started)
+
+    try:
+        asyncio.run(run(2, 2))  # warm-up
+        speeds = {str(c): round(asyncio.run(run(c, new_tokens)), 1) for c in CONCURRENCY}
+    finally:
+        engine.close()
+    _log(f"generation: {speeds} tokens/s at {'/'.join(map(str, CONCURRENCY))} concurrent requests")
+    return speeds
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _emit(line: str, out) -> None:
+    """A whole JSON line to stdout and, as it is produced, to ``--out``."""
+    print(line, flush=True)
+    if out is not None:
+        out.write(line + "\n")
+        out.flush()
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _commit() -> str | None:
+    """This checkout's commit, else the one ``scripts/gpu_kit.sh`` recorded beside the wheels (a copy has no .git)."""
+    with contextlib.suppress(OSError, subprocess.CalledProcessError):
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, text=True,
+                              capture_output=True, check=True).stdout.strip()  # fmt: skip
+    recorded = Path(__file__).parents[1] / "gpu_kit_wheels" / "COMMIT"
+    return recorded.read_text().strip() if recorded.is_file() else None
+
+
+def _one_line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:300]}"
+
+
+def _table(records: list[dict]) -> str:
+    rows = [f"{'shape':30} {'layers':>7} {'tokens/s':>10} {'MFU':>6} {'mem ratio':>9} {'largest mb':>10} "
+            f"{'gen tok/s (1/8/32)':>22}"]  # fmt: skip
+    for r in records:
+        mfu = f"{r['train_mfu']:.1%}" if r.get("train_mfu") is not None else "-"
+        gen = "/".join(f"{v:.0f}" for v in r.get("generation_tokens_per_s", {}).values()) or "-"
+        rows.append(f"{r['shape']:30} {r.get('layers', 0):>3}/{r.get('layers_full', 0):<3} "
+                    f"{r.get('train_tokens_per_s', '-'):>10} {mfu:>6} {r.get('memory_ratio', '-'):>9} "
+                    f"{r.get('largest_micro_batch_tokens') or '-':>10} {gen:>22}" + (f"  ERROR {r['error']}"
+                    if "error" in r else ""))  # fmt: skip
+    return "\n".join(rows)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default=None, help=f"comma-separated, of {','.join(SHAPES)} (default: all)")
+    parser.add_argument("--dry-run", action="store_true", help="CPU, a tiny Qwen3 shape: the same path, for CI")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps at the timed micro-batch (median)")
+    parser.add_argument("--max-tokens", type=int, default=65536, help="largest micro-batch of the ladder")
+    parser.add_argument("--no-generation", action="store_true", help="skip the hf engine's generation speed")
+    parser.add_argument("--out", help="also append every JSON line to this file as it is produced")
+    parser.add_argument("--write-calibration", metavar="FILE", help="write the memory plan's calibration (JSON)")
+    args = parser.parse_args(argv)
+    names = args.shapes.split(",") if args.shapes else list(SHAPES)
+    unknown = [n for n in names if n not in SHAPES]
+    if args.dry_run and args.shapes:
+        parser.exit(2, "error: --dry-run runs one tiny CPU shape: drop --shapes\n")
+    if unknown:
+        parser.exit(2, f"error: --shapes: unknown shape {unknown[0]!r}; choose from {','.join(SHAPES)}\n")
+    if args.steps < 1 or args.max_tokens < 2:
+        parser.exit(2, "error: --steps must be >= 1 and --max-tokens >= 2\n")
+    if not args.dry_run and not torch.cuda.is_available():
+        parser.exit(2, "error: torch sees no CUDA device: run on the GPU machine, or pass --dry-run (CPU)\n")
+    args.names = [] if args.dry_run else names
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = torch.device("cpu") if args.dry_run else torch.device("cuda", 0)
+    meter = PeakMemory(device)
+    card = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu (dry run)"
+    peak_tflops = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in card), None)
+    sizes = DRY_RUN if args.dry_run else GPU
+    if args.dry_run:
+        torch.manual_seed(0)
+        shapes = [("tiny-qwen3", AutoConfig.for_model(**TINY_QWEN3))]
+    else:
+        shapes = [(SHAPES[n], find_model_config(SHAPES[n])[0]) for n in args.names]
+    out = open(args.out, "a") if args.out else None  # noqa: SIM115  (closed below)
+    records = []
+    for name, config in shapes:
+        _log(f"{name}: {config.num_hidden_layers} layers, hidden {config.hidden_size}, on {card}")
+        try:
+            record = check_shape(name, config, device, sizes, args, peak_tflops, meter)
+        except Exception as e:  # a failed shape is reported as such and the others still run
+            record = {"shape": name, "error": _one_line(e)}
+            _log(f"{name}: failed: {record['error']}")
+            _free(device)
+        records.append({"check": "gpu_check", "device": card} | record)
+        _emit(json.dumps(records[-1]), out)
+    measurements = [PeakMeasurement(**{k: v for k, v in m.items() if k not in ("estimated_bytes", "ratio")})
+                    for r in records for m in r.get("measurements", [])]  # fmt: skip
+    calibration = calibration_report(measurements)
+    summary = {
+        "check": "gpu_check_summary", "device": card, "peak_bf16_tflops": peak_tflops, "dry_run": args.dry_run,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "commit": _commit(),
+        "torch": torch.__version__, "failed": [r["shape"] for r in records if ERRORS & set(r)],
+        "shapes": {r["shape"]: {k: r.get(k) for k in ("layers", "layers_full", "train_tokens_per_s", "train_mfu",
+                   "memory_ratio", "largest_micro_batch_tokens", "generation_tokens_per_s", "error", "timed_error",
+                   "generation_error")} for r in records},
+        "memory_plan": {k: v for k, v in calibration.items() if k != "measurements"},
+    }  # fmt: skip
+    if args.write_calibration:
+        Path(args.write_calibration).write_text(json.dumps(summary | {"memory_plan": calibration}, indent=2) + "\n")
+    _log(_table(records))
+    _emit(json.dumps(summary), out)
+    if out is not None:
+        out.close()
+    return 1 if summary["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""The GPU kit (``bench/gpu_check.py``, ``scripts/gpu_kit.sh``): the check's dry run end to end on CPU, and its import
+closure, which must run on a machine with only the torch stack and the kit's wheels.
+
+One subprocess runs the dry run exactly as CI's machine would (``bench/gpu_check.py --dry-run``) and records every
+module it loaded; the tests read its output, its calibration file and that module list.
+"""
+
+import importlib.metadata
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from packaging.requirements import Requirement
+
+from tests.unit.test_layering import imported_modules
+
+ROOT = Path(__file__).resolve().parents[2]
+CHECK = ROOT / "bench" / "gpu_check.py"
+KIT_REQUIREMENTS = ROOT / "scripts" / "gpu_kit_requirements.txt"
+FORBIDDEN = ("nemo_gym", "tau2", "ray", "vllm", "omegaconf", "litellm")
+GPU_MACHINE = ("torch", "transformers", "safetensors", "triton", "numpy", "pyyaml", "pytest")
+"""What a lent GPU machine has installed (with their dependencies), and nothing else."""
+LAZY_ELSEWHERE = {"ray": "nemo_tau2/models/policy/workers.py: only Policy(num_workers > 1) imports it"}
+"""Imports inside functions of modules in the closure that the check never calls (the dry run proves it)."""
+
+_RUN = """
+import json, runpy, sys
+sys.path.insert(0, {bench!r})
+sys.argv = [{check!r}, "--dry-run", "--steps", "1", "--write-calibration", {calibration!r}]
+try:
+    runpy.run_path({check!r}, run_name="__main__")
+    code = 0
+except SystemExit as e:
+    code = e.code
+with open({modules!r}, "w") as f:
+    json.dump(sorted(sys.modules), f)
+sys.exit(code)
+"""
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("gpu_check")
+    paths = {"calibration": str(folder / "calibration.json"), "modules": str(folder / "modules.json")}
+    code = _RUN.format(bench=str(CHECK.parent), check=str(CHECK), **paths)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return {
+        "records": lines[:-1],
+        "summary": lines[-1],
+        "last_line": proc.stdout.splitlines()[-1],
+        "calibration": json.loads(Path(paths["calibration"]).read_text()),
+        "modules": json.loads(Path(paths["modules"]).read_text()),
+        "stderr": proc.stderr,
+    }
+
+
+def test_dry_run_reports_one_line_per_shape_and_the_summary_last(dry_run):
+    assert json.loads(dry_run["last_line"])["check"] == "gpu_check_summary"
+    (record,) = dry_run["records"]
+    assert record["check"] == "gpu_check" and record["shape"] == "tiny-qwen3" and "error" not in record
+    assert record["layers"] == record["layers_full"] == 2
+    assert [row["tokens"] for row in record["ladder"]] == [128, 256] and all(r["fits"] for r in record["ladder"])
+    assert record["largest_micro_batch_tokens"] == 256
+    for row in record["ladder"]:  # host RSS on CPU: positive and finite, not a GPU figure
+        assert row["peak_bytes"] > 0 and row["estimated_bytes"] > 0 and 0 < row["ratio"] < math.inf
+    assert record["timed_tokens"] == 128 and record["train_tokens_per_s"] > 0 and record["step_s"] > 0
+    assert record["train_mfu"] is None  # no card, no peak to compare against
+    assert set(record["generation_tokens_per_s"]) == {"1", "8", "32"}
+    assert all(v > 0 for v in record["generation_tokens_per_s"].values())
+    summary = dry_run["summary"]
+    assert summary["dry_run"] is True and summary["failed"] == [] and "tiny-qwen3" in summary["shapes"]
+    assert "largest mb" in dry_run["stderr"]  # the readable table
+
+
+def test_dry_run_calibration_fits_its_own_measured_peaks(dry_run):
+    plan = dry_run["calibration"]["memory_plan"]
+    assert [m["tokens"] for m in plan["measurements"]] == [128, 256]
+    assert plan["ratios"] == dry_run["summary"]["memory_plan"]["ratios"]
+    assert plan["suggested"]["token_bytes_scale"] != plan["current"]["token_bytes_scale"]
+    assert plan["ratios_with_suggested"] == pytest.approx([1.0, 1.0], abs=1e-3)  # two budgets: an exact line
+
+
+def test_dry_run_loads_no_ray_gym_tau2_vllm_omegaconf_or_litellm(dry_run):
+    loaded = {name.split(".")[0] for name in dry_run["modules"]}
+    assert "nemo_tau2.models.policy.worker" in dry_run["modules"]  # the trainer did run
+    assert sorted(loaded & set(FORBIDDEN)) == []
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _with_dependencies(names) -> set[str]:
+    found, todo = set(), [_normalise(n) for n in names]
+    while todo:
+        name = todo.pop()
+        if name in found:
+            continue
+        found.add(name)
+        for line in importlib.metadata.distribution(name).requires or []:
+            requirement = Requirement(line)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                todo.append(_normalise(requirement.name))
+    return found
+
+
+def test_kit_wheels_cover_every_package_the_check_imports(dry_run):
+    kit = {_normalise(Requirement(line).name): str(Requirement(line).specifier)
+           for line in KIT_REQUIREMENTS.read_text().splitlines() if line and not line.startswith("#")}  # fmt: skip
+    ours = [CHECK]
+    for name in (n for n in dry_run["modules"] if n.split(".")[0] == "nemo_tau2"):
+        base = ROOT / name.replace(".", "/")
+        ours += [path for path in (base / "__init__.py", base.with_suffix(".py")) if path.is_file()]  # none: namespace
+    third_party = {m.split(".")[0] for path in ours for m in imported_modules(path, ROOT)}
+    third_party -= set(sys.stdlib_module_names) | {"nemo_tau2", "__future__"} | set(LAZY_ELSEWHERE)
+    distributions = importlib.metadata.packages_distributions()
+    available = _with_dependencies(GPU_MACHINE) | set(kit)
+    missing = sorted(f"{name} ({distributions.get(name)})" for name in third_party
+                     if not {_normalise(d) for d in distributions.get(name, [name])} & available)  # fmt: skip
+    assert missing == [], f"neither on the GPU machine nor in {KIT_REQUIREMENTS.name}"
+    lock = (ROOT / "uv.lock").read_text()
+    for name, pin in kit.items():  # the kit installs what CI tests
+        locked = re.search(rf'^name = "{name}"\nversion = "([^"]+)"', lock, re.MULTILINE)
+        assert locked and pin == f"=={locked.group(1)}", f"{name}{pin} is not uv.lock's version"
+
+
+@pytest.fixture(scope="module")
+def gpu_check():
+    return __import__("runpy").run_path(str(CHECK), run_name="gpu_check")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--shapes", "0.6b,9b"], "--shapes: unknown shape '9b'; choose from 0.6b,1.7b,4b,8b"),
+        (["--dry-run", "--shapes", "0.6b"], "--dry-run runs one tiny CPU shape: drop --shapes"),
+        (["--steps", "0"], "--steps must be >= 1"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line_naming_the_fix(gpu_check, capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        gpu_check["parse_args"](argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and message in err and "\n" not in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU machine the check runs")
+def test_without_a_gpu_the_check_asks_for_one_or_the_dry_run(gpu_check, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        gpu_check["parse_args"]([])
+    assert exit_info.value.code == 2 and "--dry-run" in capsys.readouterr().err
+
+
+def test_a_micro_batch_that_runs_out_of_memory_is_recorded_as_not_fitting(gpu_check):
+    class OutOfMemoryPolicy:  # what a GPU does when the ladder reaches a micro-batch too large for it
+        def get_logprobs(self, sequences):
+            raise torch.OutOfMemoryError("CUDA out of memory")
+
+    plan = type("Plan", (), {"total_bytes": 90e9})()
+    sizes = gpu_check["DRY_RUN"]
+    meter = gpu_check["PeakMemory"](torch.device("cpu"))
+    row = gpu_check["ladder_step"](OutOfMemoryPolicy(), plan, 256, sizes, 1024, meter)
+    assert row == {"tokens": 256, "fits": False, "estimated_bytes": 90e9}
+
+
+def test_model_flops_count_matmuls_and_causal_attention_within_each_packed_sequence(gpu_check):
+    # 2 N T + 2 L d sum(len^2): N=10 matmul weights, T=8 tokens in sequences of 3 and 5, L=2 layers, d=4
+    assert gpu_check["forward_flops"](10, 2, 4, [3, 5]) == 2 * 10 * 8 + 2 * 2 * 4 * (9 + 25)
