@@ -25,6 +25,17 @@ class MockRun:
     def completions(self) -> list[tuple[dict, dict]]:
         return [pair for replica in self.per_replica for pair in replica]
 
+    def later_turn_hit_rate(self) -> float:
+        """Share of the prompt tokens of turns >= 2 that vLLM served from its prefix cache (each answer's
+        ``usage.prompt_tokens_details.cached_tokens``; the server runs with ``--enable-prompt-tokens-details``)."""
+        cached = prompt = 0
+        for request, answer in self.completions():
+            if find_token_prefix(request["messages"]) is not None:
+                usage = answer["usage"]
+                cached += (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+                prompt += usage["prompt_tokens"]
+        return cached / prompt
+
     def turns_off_their_replica(self) -> int:
         """Turns (t+1) served by another replica than the one that generated turn t."""
         answered = [
