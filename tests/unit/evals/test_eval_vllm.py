@@ -29,3 +29,5 @@ def test_the_vllm_cpu_eval_config_runs_every_episode_without_an_infrastructure_e
         assert record["num_turns"] >= 1 and record["termination_reason"]
         assert any(message["role"] == "assistant" for message in record["transcript"])
     assert "infra errors" in run.stdout
+    # vLLM's prefix cache served part of the prompts (the shared policy prompt, each episode's history); reported
+    assert 0 < metrics["eval/overall/prefix_cache_hit_rate"] <= 1 and "prefix cache hit rate" in run.stdout
