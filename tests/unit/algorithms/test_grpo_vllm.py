@@ -25,7 +25,7 @@ def test_the_vllm_grpo_smoke_syncs_weights_every_step_and_vllm_serves_exactly_th
         f"policy.model_name={tmp_path / 'tiny_policy'}",
         f"checkpointing.checkpoint_dir={tmp_path / 'checkpoints'}", f"logger.log_dir={tmp_path / 'logs'}",
         "logger.tensorboard_enabled=false", "grpo.max_num_steps=3",
-        "policy.generation.vllm_cfg.http_server_serving_chat_kwargs.chat_template="
+        "+policy.generation.vllm_cfg.http_server_serving_chat_kwargs.chat_template="
         + write_history_rewriting_template(tmp_path),
     ]  # fmt: skip
     run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1800)
