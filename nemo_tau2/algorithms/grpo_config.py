@@ -27,6 +27,30 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class AsyncGRPOConfig(_Strict):
+    """``grpo.async_grpo``: generation overlapping training with bounded staleness (NeMo-RL's keys and defaults).
+
+    Not implemented yet (issue 24: the collector and replay buffer): ``enabled: true`` is refused by
+    :class:`GRPOMasterConfig` once the rest of the config allows it, so no run silently trains synchronously.
+    """
+
+    enabled: bool = Field(default=False, description="Generate the next steps' groups while the trainer trains.")
+    max_trajectory_age_steps: int = Field(
+        default=1,
+        ge=1,
+        description="A trajectory generated with the weights of step s trains at a step <= s + this; older ones "
+        "are dropped and counted.",
+    )
+    in_flight_weight_updates: bool = Field(
+        default=False,
+        description="New weights reach the generation servers while episodes run (the turns after the update use "
+        "them); false waits for running generations to finish first.",
+    )
+    recompute_kv_cache_after_weight_updates: bool = Field(
+        default=False, description="Drop the generation servers' prefix (KV) cache after each weight update."
+    )
+
+
 class GRPOSettings(AdvantageConfig, SamplingConfig):
     """``grpo``: the loop, plus NeMo-RL's flat advantage keys (``use_leave_one_out_baseline``,
     ``normalize_rewards``, ...) and sampling keys (``use_dynamic_sampling``, ``overlong_filtering``, ...)."""
@@ -45,6 +69,7 @@ class GRPOSettings(AdvantageConfig, SamplingConfig):
     val_num_generations_per_prompt: int = Field(default=1, ge=1)
     reward_shaping: RewardShapingConfig = RewardShapingConfig()
     curriculum: CurriculumConfig = CurriculumConfig()
+    async_grpo: AsyncGRPOConfig = AsyncGRPOConfig()
 
     def advantage_config(self) -> AdvantageConfig:
         return AdvantageConfig.model_validate(self.model_dump(include=set(AdvantageConfig.model_fields)))
@@ -113,6 +138,31 @@ class GRPOMasterConfig(_Strict):
             missing = [d for d in self.data.domains if d not in shaping.domain_scale]
             if missing:
                 problems.append(f"grpo.reward_shaping.domain_scale has no entry for {missing}")
+        problems += self._async_grpo_problems()
         if problems:
             raise ValueError("; ".join(problems))
+        if self.grpo.async_grpo.enabled:  # every other check passed: say why it still cannot run
+            raise ValueError(
+                "grpo.async_grpo.enabled: async GRPO's collector and replay buffer are not implemented yet "
+                "(issue 24); set grpo.async_grpo.enabled=false to train synchronously"
+            )
         return self
+
+    def _async_grpo_problems(self) -> list[str]:
+        """NeMo-RL's refusals of ``grpo.async_grpo.enabled``: stale trajectories need the importance correction,
+        and generation cannot run beside training on devices it shares with the trainer."""
+        if not self.grpo.async_grpo.enabled:
+            return []
+        problems = []
+        if not self.loss_fn.use_importance_sampling_correction:
+            problems.append(
+                "grpo.async_grpo.enabled requires loss_fn.use_importance_sampling_correction=true (trajectories "
+                "come from older weights than the trainer's)"
+            )
+        generation = self.policy.generation
+        if generation is not None and generation.backend == "hf" and generation.backend_block.in_process:
+            problems.append(
+                "grpo.async_grpo.enabled cannot run with colocated generation: policy.generation.hf_cfg.in_process "
+                "is true (the hf engine shares the trainer's process and devices); set it to false or use vllm"
+            )
+        return problems

@@ -6,7 +6,8 @@ Per policy-generated token t (all tensors in the same next-token frame, see ``cl
     L^PG_t = max(-A_t r_t, -A_t clip(r_t, 1 - ratio_clip_min, 1 + ratio_clip_max))
     L^PG_t = min(L^PG_t, -c A_t)   where A_t < 0, if ratio_clip_c = c is set    (dual clip)
     w_t    = exp(log pi_old(a_t) - log pi_gen(a_t)), detached                 (if use_importance_sampling_correction)
-    L_t    = w_t L^PG_t + beta w_t KL_t(pi_theta || pi_ref)                     (beta = reference_policy_kl_penalty)
+    w'_t   = TIS(w_t), if truncated_importance_sampling_ratio is set              (see below)
+    L_t    = w'_t L^PG_t + beta w'_t KL_t(pi_theta || pi_ref)                   (beta = reference_policy_kl_penalty)
 
 and the loss is the mean of L_t over every valid token of the batch (``token_level_loss``) or the mean over
 sequences of each sequence's token mean. Minimising it maximises the clipped surrogate
@@ -18,14 +19,29 @@ http://joschu.net/blog/kl-approx.html. Config keys and semantics follow NeMo-RL'
 
 ``pi_old`` (``prev_logprobs``) is the trainer's view of the sampling policy; ``pi_gen``
 (``generation_logprobs``) is what the generator (vLLM, llama.cpp, ...) reported. They differ through numerics
-or staleness; the importance weight corrects for it.
+or staleness; the importance weight corrects for it. Truncated importance sampling (TIS) bounds that weight, with
+``lower = truncated_importance_sampling_ratio_min``, ``upper = truncated_importance_sampling_ratio``, ``m`` the
+``[B, T]`` mask of valid tokens and ``w`` the ``[B, T]`` weights (``truncated_importance_sampling_type``):
+
+    tis           w'_{b,t} = clamp(w_{b,t}, lower or 0, upper)
+    icepop        w'_{b,t} = w_{b,t} if lower <= w_{b,t} <= upper, else 0
+    seq-mask-tis  g_b = exp(sum_t m_{b,t} log w_{b,t} / sum_t m_{b,t})                 ([B], geometric mean)
+                  w'_{b,t} = w_{b,t} if lower <= g_b <= upper, else 0 (the whole sequence)
+
+(:mod:`nemo_tau2.algorithms.importance_sampling`; references there).
 """
 
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from nemo_tau2.algorithms.importance_sampling import (
+    TruncatedImportanceSamplingType,
+    truncate_importance_weights,
+    truncation_metrics,
+)
+from nemo_tau2.keyed_problems import keyed_problems
 from nemo_tau2.models.policy.data import entropy_from_logits
 
 KLType = Literal["k1", "k2", "k3"]
@@ -51,6 +67,52 @@ class ClippedPGLossConfig(BaseModel):
     use_importance_sampling_correction: bool = Field(
         default=False, description="Weight tokens by pi_old / pi_gen (trainer vs generator logprobs)."
     )
+    truncated_importance_sampling_ratio: float | None = Field(
+        default=None, gt=0.0, description="Upper bound of the importance weight (truncated IS); null = no truncation."
+    )
+    truncated_importance_sampling_ratio_min: float | None = Field(
+        default=None, ge=0.0, description="Lower bound (required for icepop and seq-mask-tis; null = 0 for tis)."
+    )
+    truncated_importance_sampling_type: TruncatedImportanceSamplingType | None = Field(
+        default=None,
+        description="tis: clip each token's weight to [min, ratio]; icepop: zero tokens whose weight is outside; "
+        "seq-mask-tis: zero whole sequences whose geometric-mean weight is outside. null: tis when the ratio is set.",
+    )
+
+    @model_validator(mode="after")
+    def _truncation_is_consistent(self) -> "ClippedPGLossConfig":
+        upper, lower, kind = (
+            self.truncated_importance_sampling_ratio,
+            self.truncated_importance_sampling_ratio_min,
+            self.truncated_importance_sampling_type,
+        )
+        problems = []
+        if upper is None and (kind is not None or lower is not None):
+            what = (
+                f"truncated_importance_sampling_type is {kind!r}"
+                if kind
+                else f"truncated_importance_sampling_ratio_min is {lower}"
+            )
+            problems.append(f"truncated_importance_sampling_ratio: required (the upper bound) when {what}; set it")
+        if upper is not None and not self.use_importance_sampling_correction:
+            problems.append(
+                "use_importance_sampling_correction: must be true when truncated_importance_sampling_ratio is set "
+                "(truncation bounds the importance weight)"
+            )
+        if upper is not None and lower is not None and lower > upper:
+            problems.append(f"truncated_importance_sampling_ratio_min: {lower} is above the ratio {upper}; lower it")
+        if upper is not None and lower is None and kind in ("icepop", "seq-mask-tis"):
+            problems.append(f"truncated_importance_sampling_ratio_min: required for type {kind!r} (the lower bound)")
+        if problems:
+            raise keyed_problems(problems)
+        return self
+
+    @property
+    def truncation_type(self) -> TruncatedImportanceSamplingType | None:
+        """The truncation applied: None when off, ``tis`` when only the ratio is given."""
+        if self.truncated_importance_sampling_ratio is None:
+            return None
+        return self.truncated_importance_sampling_type or "tis"
 
 
 def calculate_kl(
@@ -138,7 +200,8 @@ def clipped_pg_loss(
         ``(loss, metrics)``: the scalar loss to minimise and float metrics (``loss``, ``pg_loss``,
         ``kl_penalty``, ``clip_fraction``, ``dual_clip_fraction``, ``approx_kl``, ``probs_ratio_{mean,min,max}``,
         ``importance_weight_{mean,min,max}``, ``token_mult_prob_error``, ``num_valid_tokens``,
-        ``num_valid_samples``, and ``entropy`` when logits are given) over this batch's valid tokens.
+        ``num_valid_samples``, ``entropy`` when logits are given, and with truncated IS those of
+        :func:`~nemo_tau2.algorithms.importance_sampling.truncation_metrics`) over this batch's valid tokens.
     """
     named = {
         "curr_logprobs": curr_logprobs,
@@ -176,6 +239,13 @@ def clipped_pg_loss(
 
     is_weight = torch.nan_to_num(torch.exp(prev - gen), nan=0.0, posinf=0.0, neginf=0.0)
     weight = is_weight if cfg.use_importance_sampling_correction else torch.ones_like(is_weight)
+    truncated = None
+    if cfg.truncation_type is not None:
+        truncated = truncate_importance_weights(
+            is_weight, prev - gen, mask, cfg.truncation_type,
+            cfg.truncated_importance_sampling_ratio_min, cfg.truncated_importance_sampling_ratio,
+        )  # fmt: skip
+        weight = truncated.weight
     kl = torch.zeros_like(curr)
     if beta > 0:
         kl = calculate_kl(
@@ -221,6 +291,8 @@ def clipped_pg_loss(
             if logits.shape[:2] != curr.shape:
                 raise ValueError(f"logits must have shape [B, T, V] with [B, T] = {tuple(curr.shape)}")
             metrics["entropy"] = ((entropy_from_logits(logits) * mask).sum() / num_tokens).item()
+        if truncated is not None:
+            metrics.update(truncation_metrics(truncated, mask, cfg.truncation_type))
     return loss, metrics
 
 

@@ -1,0 +1,119 @@
+"""Config errors of async GRPO and truncated importance sampling: one line each, naming the keys, and exit 2 from
+``run_grpo.py`` before anything starts. ``grpo.async_grpo.enabled: true`` is refused even when valid, because its
+collector is not built yet (issue 24): a run must never silently train synchronously instead."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from nemo_tau2.algorithms.grpo_config import GRPOMasterConfig
+from nemo_tau2.config import ConfigError, apply_overrides, load_config, validate_config
+
+EXAMPLES = Path(__file__).parents[3] / "examples"
+SMOKE = EXAMPLES / "configs" / "grpo_tau2_cpu_smoke.yaml"  # hf backend in-process, IS correction on
+ASYNC = "+grpo.async_grpo.enabled=true"
+NOT_COLOCATED = "policy.generation.hf_cfg.in_process=false"
+TIS = ["+loss_fn.truncated_importance_sampling_ratio=2.0", "+loss_fn.truncated_importance_sampling_ratio_min=0.5"]
+
+CASES = [
+    pytest.param(
+        ["+loss_fn.truncated_importance_sampling_type=clip", *TIS],
+        "loss_fn.truncated_importance_sampling_type: Input should be 'tis', 'icepop' or 'seq-mask-tis'",
+        id="unknown-tis-type",
+    ),
+    pytest.param(
+        ["+loss_fn.truncated_importance_sampling_ratio=2.0", "+loss_fn.truncated_importance_sampling_ratio_min=3.0"],
+        "loss_fn.truncated_importance_sampling_ratio_min: 3.0 is above the ratio 2.0",
+        id="min-above-upper",
+    ),
+    pytest.param(
+        ["+loss_fn.truncated_importance_sampling_type=icepop"],
+        "loss_fn.truncated_importance_sampling_ratio: required (the upper bound) when "
+        "truncated_importance_sampling_type is 'icepop'",
+        id="type-without-ratio",
+    ),
+    pytest.param(
+        ["+loss_fn.truncated_importance_sampling_type=seq-mask-tis", "+loss_fn.truncated_importance_sampling_ratio=2"],
+        "loss_fn.truncated_importance_sampling_ratio_min: required for type 'seq-mask-tis'",
+        id="seq-mask-tis-without-min",
+    ),
+    pytest.param(
+        ["loss_fn.use_importance_sampling_correction=false", *TIS],
+        "loss_fn.use_importance_sampling_correction: must be true when truncated_importance_sampling_ratio is set",
+        id="tis-without-is-correction",
+    ),
+    pytest.param(
+        [ASYNC, NOT_COLOCATED, "loss_fn.use_importance_sampling_correction=false"],
+        "grpo.async_grpo.enabled requires loss_fn.use_importance_sampling_correction=true",
+        id="async-without-is-correction",
+    ),
+    pytest.param(
+        [ASYNC],
+        "grpo.async_grpo.enabled cannot run with colocated generation: policy.generation.hf_cfg.in_process is true",
+        id="async-colocated",
+    ),
+    pytest.param(
+        [ASYNC, NOT_COLOCATED, "+grpo.async_grpo.max_trajectory_age_steps=0"],
+        "grpo.async_grpo.max_trajectory_age_steps: Input should be greater than or equal to 1",
+        id="async-age-zero",
+    ),
+    pytest.param(
+        [ASYNC, NOT_COLOCATED, *TIS, "+loss_fn.truncated_importance_sampling_type=icepop"],
+        "grpo.async_grpo.enabled: async GRPO's collector and replay buffer are not implemented yet (issue 24)",
+        id="async-valid-but-not-built",
+    ),
+]
+
+
+def _raw(*overrides: str):
+    return apply_overrides(load_config(SMOKE), list(overrides))
+
+
+@pytest.mark.parametrize(("overrides", "message"), CASES)
+def test_each_config_error_is_one_line_naming_its_keys(overrides, message):
+    with pytest.raises(ConfigError) as caught:
+        validate_config(_raw(*overrides), GRPOMasterConfig)
+    assert len(caught.value.problems) == 1 and "\n" not in caught.value.problems[0], caught.value.problems
+    assert message in caught.value.problems[0], caught.value.problems
+
+
+def test_defaults_are_nemo_rl_and_the_valid_keys_validate():
+    cfg = validate_config(_raw(*TIS, "+loss_fn.truncated_importance_sampling_type=seq-mask-tis"), GRPOMasterConfig)
+    settings = cfg.grpo.async_grpo
+    assert not settings.enabled and settings.max_trajectory_age_steps == 1
+    assert not settings.in_flight_weight_updates and not settings.recompute_kv_cache_after_weight_updates
+    assert cfg.loss_fn.truncation_type == "seq-mask-tis"
+    assert validate_config(_raw(), GRPOMasterConfig).loss_fn.truncation_type is None  # off by default
+    ratio_only = validate_config(_raw("+loss_fn.truncated_importance_sampling_ratio=2.0"), GRPOMasterConfig)
+    assert ratio_only.loss_fn.truncation_type == "tis"  # the ratio alone clips, as in NeMo-RL
+
+
+def _run_grpo_main(monkeypatch, capsys, *argv: str) -> tuple[int, str]:
+    spec = importlib.util.spec_from_file_location("run_grpo", EXAMPLES / "run_grpo.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    from nemo_tau2.algorithms import grpo
+
+    def must_not_start(*args, **kwargs):
+        raise AssertionError("the run started although its config is refused")
+
+    monkeypatch.setattr(grpo, "setup", must_not_start)
+    monkeypatch.setattr(sys, "argv", ["run_grpo.py", "--config", str(SMOKE), *argv])
+    code = module.main()
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"), [case for case in CASES if case.id.startswith(("async", "unknown"))]
+)  # fmt: skip
+def test_run_grpo_exits_2_with_the_line(monkeypatch, capsys, tmp_path, overrides, message):
+    # a model that does not exist and no tiny policy to build: were the config accepted, the run would stop at once
+    paths = [f"logger.log_dir={tmp_path / 'logs'}", f"policy.model_name={tmp_path / 'none'}", "tiny_policy=null"]
+    code, err = _run_grpo_main(monkeypatch, capsys, *overrides, *paths)
+    assert code == 2, err
+    header, *problems = err.strip().splitlines()
+    assert header == "error: invalid GRPOMasterConfig config:" and len(problems) == 1, err
+    assert message in problems[0] and "Traceback" not in err
+    assert not (tmp_path / "logs").exists()
