@@ -120,6 +120,10 @@ class Tau2Agent(FastMiddlewareMixin, SimpleResponsesAPIAgent):
         app.router.on_shutdown.append(self._http.close)
         return app
 
+    def cancel_on_disconnect(self, path: str) -> bool:
+        """An episode whose caller has gone (timed out, stopped) is cancelled, which ends its session."""
+        return path == "/run"
+
     async def progress(self) -> dict[str, int]:
         """Episodes running and finished, model calls and generated tokens so far (counters since start-up)."""
         return dataclasses.asdict(self._orchestrator.progress)
