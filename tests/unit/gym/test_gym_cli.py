@@ -169,7 +169,8 @@ def test_ng_run_with_default_venvs_then_collect_rollouts_and_gym_eval_run(gym_co
         )
         assert _rewards(gym_copy / "results/eval.jsonl") == [1.0, 1.0]
     finally:
-        os.kill(ng_run.pid, signal.SIGINT)  # Ctrl-C
+        if ng_run.poll() is None:
+            os.kill(ng_run.pid, signal.SIGINT)  # Ctrl-C
         try:
             ng_run.wait(timeout=60)
         except subprocess.TimeoutExpired:
