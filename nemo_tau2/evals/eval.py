@@ -17,12 +17,12 @@ from typing import Any, NoReturn
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from tqdm import tqdm
 
 from nemo_tau2.config import ConfigError, redact_secrets, validate_config
 from nemo_tau2.evals.config import EvalMasterConfig
 from nemo_tau2.evals.metrics import EpisodeRecord, compute_eval_metrics, format_summary_table
 from nemo_tau2.evals.nemo_rl_layout import translate_eval_config
+from nemo_tau2.evals.progress_display import EpisodeProgress
 from nemo_tau2.evals.results import (
     CONFIG_FILE,
     SUMMARY_FILE,
@@ -32,7 +32,6 @@ from nemo_tau2.evals.results import (
     write_evaluation_data,
     write_json_atomic,
 )
-from nemo_tau2.experience.progress import RolloutProgress
 from nemo_tau2.experience.rollouts import OK, SamplingParams, run_async_nemo_gym_rollout
 from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec
 from nemo_tau2.tau2_env.gym_rows import load_rows
@@ -144,22 +143,10 @@ def policy_model(cfg: EvalMasterConfig) -> str:
 
 
 async def _run_episodes(
-    cfg: EvalMasterConfig, env: Tau2Environment, pending: list[dict], log: RolloutLog, progress: tqdm
+    cfg: EvalMasterConfig, env: Tau2Environment, pending: list[dict], log: RolloutLog, progress: EpisodeProgress
 ) -> None:
     generation = cfg.policy.generation
     sampling = SamplingParams.from_generation(generation)
-    valid = successes = failures = 0
-    live = ""  # turns and tokens inside running episodes, refreshed every second
-
-    def show() -> None:
-        status = f"pass={successes / valid:.1%}" if valid else "pass=-"
-        progress.set_postfix_str(", ".join(filter(None, [status, f"infra_errors={failures}" * bool(failures), live])))
-
-    def on_progress(snapshot: RolloutProgress) -> None:
-        nonlocal live
-        live = snapshot.describe()
-        show()
-
     async for group in run_async_nemo_gym_rollout(
         pending,
         env.agent_urls,
@@ -167,15 +154,11 @@ async def _run_episodes(
         num_generations=1,
         max_concurrency=cfg.eval.max_concurrency,
         keep_full_result=cfg.eval.keep_transcripts,
-        on_progress=on_progress,
+        on_progress=progress.on_progress,
     ):
         for result in group.results:
             log.append(record_of(result, cfg.eval.keep_transcripts))
-            if result.status == OK:
-                valid += 1
-                successes += result.success
-            else:
-                failures += 1
+            if result.status != OK:
                 logger.warning(
                     "infrastructure error in %s/%s sample %d: %s",
                     result.domain,
@@ -183,8 +166,7 @@ async def _run_episodes(
                     result.sample_index,
                     result.error,
                 )
-            show()
-            progress.update(1)
+            progress.update(result.status == OK, bool(result.success))
 
 
 def run_eval(cfg: EvalMasterConfig, raw: DictConfig) -> tuple[dict[str, Any], str]:
@@ -213,7 +195,7 @@ def run_eval(cfg: EvalMasterConfig, raw: DictConfig) -> tuple[dict[str, Any], st
         if pending:
             with (
                 Tau2Environment(environment_spec(cfg, rows, save_dir / "server_logs")) as env,
-                tqdm(total=total, initial=total - len(pending), desc="tau2 episodes", unit="ep") as progress,
+                EpisodeProgress(total, total - len(pending)) as progress,
             ):
                 asyncio.run(_run_episodes(cfg, env, pending, log, progress))
         summary = summarize(cfg, log)
