@@ -11,6 +11,7 @@ readable table.
 
 import asyncio
 import logging
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -116,7 +117,7 @@ def pending_episodes(rows: Sequence[dict], n: int, done: set) -> list[dict]:
     ]
 
 
-def summarize(cfg: EvalMasterConfig, log: RolloutLog) -> dict[str, Any]:
+def summarize(cfg: EvalMasterConfig, raw: DictConfig, log: RolloutLog) -> dict[str, Any]:
     records = [EpisodeRecord.from_dict(record) for record in log]
     # logs written before records named their model have no policy_model: they are read, not refused
     produced_by = sorted({str(record["policy_model"]) for record in log if record.get("policy_model")})
@@ -124,7 +125,7 @@ def summarize(cfg: EvalMasterConfig, log: RolloutLog) -> dict[str, Any]:
         records, ks=cfg.eval.k_values, num_bootstrap=cfg.eval.bootstrap_samples, seed=cfg.eval.seed
     )
     return {
-        "policy_model": policy_model(cfg),
+        **policy_model_names(cfg, raw),
         "episodes_produced_by": produced_by,  # what the policy's server called itself, per record
         "num_tests_per_prompt": cfg.eval.num_tests_per_prompt,
         "k_values": cfg.eval.k_values,
@@ -133,13 +134,33 @@ def summarize(cfg: EvalMasterConfig, log: RolloutLog) -> dict[str, Any]:
 
 
 def policy_model(cfg: EvalMasterConfig) -> str:
-    """The evaluated model as configured: its name, an endpoint's model, or the backend (the fake has no name)."""
+    """The evaluated model as resolved: its name or path, an endpoint's model, or the backend (the fake has none)."""
     generation = cfg.policy.generation
     if generation.model_name:
         return generation.model_name
     if generation.openai_cfg is not None:
         return f"{generation.openai_cfg.model} at {generation.openai_cfg.base_url}"
     return generation.backend
+
+
+_LOCAL_MODEL = re.compile(r"^\$\{local_model:\s*([^}\s]+)\s*\}$")
+
+
+def policy_model_names(cfg: EvalMasterConfig, raw: DictConfig) -> dict[str, str]:
+    """The model as the user configured it, for results and tables: ``${local_model:smollm2-135m-instruct}`` is
+    ``smollm2-135m-instruct``, not the cache folder it resolves to, which is kept beside it as
+    ``policy_model_resolved`` (only when it differs)."""
+    resolved = policy_model(cfg)
+    written = None
+    for path in ("policy.generation", "generation"):  # ours, or NeMo-RL's layout
+        node = OmegaConf.select(raw, path, default=None)
+        if isinstance(node, DictConfig) and "model_name" in node:
+            written = node._get_node("model_name")._value()
+            break
+    match = _LOCAL_MODEL.match(written) if isinstance(written, str) else None
+    if match is None or match.group(1) == resolved:
+        return {"policy_model": resolved}
+    return {"policy_model": match.group(1), "policy_model_resolved": resolved}
 
 
 async def _run_episodes(
@@ -182,7 +203,7 @@ def run_eval(cfg: EvalMasterConfig, raw: DictConfig) -> tuple[dict[str, Any], st
     rows = build_eval_rows(cfg)
     save_dir = Path(cfg.eval.save_path)
     save_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(save_dir / CONFIG_FILE, redact_secrets(raw) | {"policy_model": policy_model(cfg)})
+    write_json_atomic(save_dir / CONFIG_FILE, redact_secrets(raw) | policy_model_names(cfg, raw))
     log = RolloutLog(save_dir)
     try:
         done = {key for key in log.done() if key[:2] in {(str(r["domain"]), str(r["task_id"])) for r in rows}}
@@ -198,7 +219,7 @@ def run_eval(cfg: EvalMasterConfig, raw: DictConfig) -> tuple[dict[str, Any], st
                 EpisodeProgress(total, total - len(pending)) as progress,
             ):
                 asyncio.run(_run_episodes(cfg, env, pending, log, progress))
-        summary = summarize(cfg, log)
+        summary = summarize(cfg, raw, log)
         write_evaluation_data(save_dir, list(log), rows, cfg.eval.num_tests_per_prompt, cfg.eval.keep_transcripts)
     finally:
         log.close()
