@@ -53,7 +53,8 @@ def _clean_copy(destination: Path) -> Path:
 
 def _cli_environment() -> dict[str, str]:
     """The user's shell: the project's environment on PATH (``ng_run``, ``uv``), nothing else of ours."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("NEMO_GYM_", "VIRTUAL_ENV"))}
+    ours = ("NEMO_GYM_", "VIRTUAL_ENV", "UV_RUN_RECURSION_DEPTH", "RAY_ENABLE_UV_RUN_RUNTIME_ENV", "PYTEST_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(ours) and k != "UV"}
     return env | {"PATH": f"{BIN}{os.pathsep}{Path(shutil.which('uv')).parent}{os.pathsep}{env['PATH']}"}
 
 
