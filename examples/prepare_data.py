@@ -25,16 +25,22 @@ def main() -> None:
 
     try:
         domain_names = [name.strip() for name in args.domains.split(",") if name.strip()]
-        rows = split_rows(domain_names, args.split, args.agent_name)
+        skipped: list[tuple[str, str, str]] = []
+        rows = split_rows(domain_names, args.split, args.agent_name, skipped=skipped)
     except (domains.UnknownDomainError, domains.UnknownTaskError, ValueError) as e:
         sys.exit(f"error: {e}")
+    for domain, task_id, reason in skipped:
+        print(f"skipped {domain} task {task_id!r}: it {reason}", file=sys.stderr)
+    if not rows:
+        sys.exit(f"error: no task of split {args.split!r} in {args.domains} can be written as a row")
     output = Path(args.output or f"data/tau2_{args.split}.jsonl")
     output.parent.mkdir(parents=True, exist_ok=True)
     with output.open("w") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
     counts = ", ".join(f"{domain} {n}" for domain, n in Counter(row["domain"] for row in rows).items())
-    print(f"wrote {len(rows)} rows ({counts}) to {output}")
+    left_out = f"; {len(skipped)} skipped (above)" if skipped else ""
+    print(f"wrote {len(rows)} rows ({counts}) to {output}{left_out}")
 
 
 if __name__ == "__main__":

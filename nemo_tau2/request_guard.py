@@ -12,15 +12,24 @@ cannot be encoded again, so the answer that echoes it fails (a 500). The gate an
 - a lone surrogate escape: 400, except on paths where the route treats it as a model mistake (the tau2 tool
   routes answer it with a tool error, so the episode goes on).
 
-Bodies are read whole here (they are bounded by ``max_bytes``) and handed on unchanged.
+Bodies are read whole here (they are bounded by ``max_bytes``) and handed on unchanged. Once a body is read, the
+gate also listens for the client going away: on the paths ``cancel_on_disconnect`` names (long work whose answer
+nobody else can use: a generation, a whole episode) the request is cancelled then, so that a client that timed out,
+was stopped or crashed does not leave the server generating for nobody. Short routes whose effects are recorded for
+retries (the tau2 tools) always run to the end.
 """
 
+import asyncio
+import contextlib
 import json
+import logging
 import re
 from collections.abc import Callable
 from typing import Any
 
 import orjson
+
+logger = logging.getLogger(__name__)
 
 MAX_JSON_DEPTH = 64
 """Arrays and objects nested deeper than this are refused. The deepest body the project sends is a Responses request
@@ -114,6 +123,7 @@ class RequestBodyGuard:
         max_depth: Deeper JSON gets a 400.
         lone_surrogates_allowed: Path predicate; True where the route itself answers lone surrogates.
         error_body: Builds the JSON error body from (message, status), in the server's own error format.
+        cancel_on_disconnect: Path predicate; True where a request is cancelled once its client has gone.
     """
 
     def __init__(
@@ -123,12 +133,14 @@ class RequestBodyGuard:
         max_depth: int = MAX_JSON_DEPTH,
         lone_surrogates_allowed: Callable[[str], bool] = lambda path: False,
         error_body: Callable[[str, int], dict[str, Any]] = _default_error_body,
+        cancel_on_disconnect: Callable[[str], bool] = lambda path: False,
     ):
         self.app = app
         self.max_bytes = max_bytes
         self.max_depth = max_depth
         self.lone_surrogates_allowed = lone_surrogates_allowed
         self.error_body = error_body
+        self.cancel_on_disconnect = cancel_on_disconnect
 
     async def _refuse(self, send, status: int, message: str) -> None:
         body = orjson.dumps(self.error_body(message, status))
@@ -176,7 +188,11 @@ class RequestBodyGuard:
         if problem is not None:
             await self._refuse(send, 400, problem)
             return
-        await self.app(scope, _replay([{"type": "http.request", "body": body, "more_body": False}], receive), send)
+        request = {"type": "http.request", "body": body, "more_body": False}
+        if self.cancel_on_disconnect(scope.get("path", "")):
+            await _run_until_client_leaves(self.app, scope, request, receive, send)
+        else:
+            await self.app(scope, _replay([request], receive), send)
 
     def _too_large(self, size: int) -> str:
         return f"request body of {size}+ bytes exceeds the limit of {self.max_bytes} bytes (max_request_bytes)"
@@ -192,3 +208,48 @@ def _replay(messages: list[dict], receive):
         return await receive()
 
     return replayed
+
+
+async def _run_until_client_leaves(app, scope, request: dict, receive, send) -> None:
+    """Serve ``request`` with ``app``, cancelling it if the client disconnects before the whole answer is sent.
+
+    The real ``receive`` is ours alone from here (the body is already read): a watcher waits on it for
+    ``http.disconnect``, and the app's own ``receive`` calls get the body, then that disconnect when it happens.
+    """
+    gone = asyncio.Event()
+    pending = [request]
+    answered = False
+
+    async def app_receive() -> dict:
+        if pending:
+            return pending.pop()
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def app_send(message: dict) -> None:
+        nonlocal answered
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            answered = True
+        await send(message)
+
+    async def watch() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        gone.set()
+
+    serving = asyncio.ensure_future(app(scope, app_receive, app_send))
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await asyncio.wait({serving, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if not serving.done() and not answered:
+            logger.info("client of %s %s went away: request cancelled", scope.get("method"), scope.get("path"))
+            serving.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await serving
+            return
+        await serving
+    except asyncio.CancelledError:
+        serving.cancel()  # the server itself is stopping
+        raise
+    finally:
+        watcher.cancel()

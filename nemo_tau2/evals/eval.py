@@ -11,18 +11,19 @@ readable table.
 
 import asyncio
 import logging
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from tqdm import tqdm
 
 from nemo_tau2.config import ConfigError, redact_secrets, validate_config
 from nemo_tau2.evals.config import EvalMasterConfig
 from nemo_tau2.evals.metrics import EpisodeRecord, compute_eval_metrics, format_summary_table
 from nemo_tau2.evals.nemo_rl_layout import translate_eval_config
+from nemo_tau2.evals.progress_display import EpisodeProgress
 from nemo_tau2.evals.results import (
     CONFIG_FILE,
     SUMMARY_FILE,
@@ -32,7 +33,6 @@ from nemo_tau2.evals.results import (
     write_evaluation_data,
     write_json_atomic,
 )
-from nemo_tau2.experience.progress import RolloutProgress
 from nemo_tau2.experience.rollouts import OK, SamplingParams, run_async_nemo_gym_rollout
 from nemo_tau2.generation.local_models import register_local_model_resolver
 from nemo_tau2.generation.prefix_cache import PrefixCacheCounters
@@ -120,7 +120,7 @@ def pending_episodes(rows: Sequence[dict], n: int, done: set) -> list[dict]:
     ]
 
 
-def summarize(cfg: EvalMasterConfig, log: RolloutLog) -> dict[str, Any]:
+def summarize(cfg: EvalMasterConfig, raw: DictConfig, log: RolloutLog) -> dict[str, Any]:
     records = [EpisodeRecord.from_dict(record) for record in log]
     # logs written before records named their model have no policy_model: they are read, not refused
     produced_by = sorted({str(record["policy_model"]) for record in log if record.get("policy_model")})
@@ -128,7 +128,7 @@ def summarize(cfg: EvalMasterConfig, log: RolloutLog) -> dict[str, Any]:
         records, ks=cfg.eval.k_values, num_bootstrap=cfg.eval.bootstrap_samples, seed=cfg.eval.seed
     )
     return {
-        "policy_model": policy_model(cfg),
+        **policy_model_names(cfg, raw),
         "episodes_produced_by": produced_by,  # what the policy's server called itself, per record
         "num_tests_per_prompt": cfg.eval.num_tests_per_prompt,
         "k_values": cfg.eval.k_values,
@@ -137,7 +137,7 @@ def summarize(cfg: EvalMasterConfig, log: RolloutLog) -> dict[str, Any]:
 
 
 def policy_model(cfg: EvalMasterConfig) -> str:
-    """The evaluated model as configured: its name, an endpoint's model, or the backend (the fake has no name)."""
+    """The evaluated model as resolved: its name or path, an endpoint's model, or the backend (the fake has none)."""
     generation = cfg.policy.generation
     if generation.model_name:
         return generation.model_name
@@ -146,23 +146,31 @@ def policy_model(cfg: EvalMasterConfig) -> str:
     return generation.backend
 
 
+_LOCAL_MODEL = re.compile(r"^\$\{local_model:\s*([^}\s]+)\s*\}$")
+
+
+def policy_model_names(cfg: EvalMasterConfig, raw: DictConfig) -> dict[str, str]:
+    """The model as the user configured it, for results and tables: ``${local_model:smollm2-135m-instruct}`` is
+    ``smollm2-135m-instruct``, not the cache folder it resolves to, which is kept beside it as
+    ``policy_model_resolved`` (only when it differs)."""
+    resolved = policy_model(cfg)
+    written = None
+    for path in ("policy.generation", "generation"):  # ours, or NeMo-RL's layout
+        node = OmegaConf.select(raw, path, default=None)
+        if isinstance(node, DictConfig) and "model_name" in node:
+            written = node._get_node("model_name")._value()
+            break
+    match = _LOCAL_MODEL.match(written) if isinstance(written, str) else None
+    if match is None or match.group(1) == resolved:
+        return {"policy_model": resolved}
+    return {"policy_model": match.group(1), "policy_model_resolved": resolved}
+
+
 async def _run_episodes(
-    cfg: EvalMasterConfig, env: Tau2Environment, pending: list[dict], log: RolloutLog, progress: tqdm
+    cfg: EvalMasterConfig, env: Tau2Environment, pending: list[dict], log: RolloutLog, progress: EpisodeProgress
 ) -> None:
     generation = cfg.policy.generation
     sampling = SamplingParams.from_generation(generation)
-    valid = successes = failures = 0
-    live = ""  # turns and tokens inside running episodes, refreshed every second
-
-    def show() -> None:
-        status = f"pass={successes / valid:.1%}" if valid else "pass=-"
-        progress.set_postfix_str(", ".join(filter(None, [status, f"infra_errors={failures}" * bool(failures), live])))
-
-    def on_progress(snapshot: RolloutProgress) -> None:
-        nonlocal live
-        live = snapshot.describe()
-        show()
-
     async for group in run_async_nemo_gym_rollout(
         pending,
         env.agent_urls,
@@ -170,15 +178,11 @@ async def _run_episodes(
         num_generations=1,
         max_concurrency=cfg.eval.max_concurrency,
         keep_full_result=cfg.eval.keep_transcripts,
-        on_progress=on_progress,
+        on_progress=progress.on_progress,
     ):
         for result in group.results:
             log.append(record_of(result, cfg.eval.keep_transcripts))
-            if result.status == OK:
-                valid += 1
-                successes += result.success
-            else:
-                failures += 1
+            if result.status != OK:
                 logger.warning(
                     "infrastructure error in %s/%s sample %d: %s",
                     result.domain,
@@ -186,8 +190,7 @@ async def _run_episodes(
                     result.sample_index,
                     result.error,
                 )
-            show()
-            progress.update(1)
+            progress.update(result.status == OK, bool(result.success))
 
 
 def run_eval(cfg: EvalMasterConfig, raw: DictConfig) -> tuple[dict[str, Any], str]:
@@ -203,7 +206,7 @@ def run_eval(cfg: EvalMasterConfig, raw: DictConfig) -> tuple[dict[str, Any], st
     rows = build_eval_rows(cfg)
     save_dir = Path(cfg.eval.save_path)
     save_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(save_dir / CONFIG_FILE, redact_secrets(raw) | {"policy_model": policy_model(cfg)})
+    write_json_atomic(save_dir / CONFIG_FILE, redact_secrets(raw) | policy_model_names(cfg, raw))
     log = RolloutLog(save_dir)
     try:
         done = {key for key in log.done() if key[:2] in {(str(r["domain"]), str(r["task_id"])) for r in rows}}
@@ -217,12 +220,12 @@ def run_eval(cfg: EvalMasterConfig, raw: DictConfig) -> tuple[dict[str, Any], st
         if pending:
             with (
                 Tau2Environment(environment_spec(cfg, rows, save_dir / "server_logs")) as env,
-                tqdm(total=total, initial=total - len(pending), desc="tau2 episodes", unit="ep") as progress,
+                EpisodeProgress(total, total - len(pending)) as progress,
             ):
                 cache_before = env.policy.prefix_cache_counters() if env.policy is not None else None
                 asyncio.run(_run_episodes(cfg, env, pending, log, progress))
                 cache_rate = _prefix_cache_hit_rate(env, cache_before)
-        summary = summarize(cfg, log)
+        summary = summarize(cfg, raw, log)
         if cache_rate is not None:  # this run's episodes only (a resumed run's earlier ones were counted then)
             summary["metrics"]["eval/overall/prefix_cache_hit_rate"] = cache_rate
         write_evaluation_data(save_dir, list(log), rows, cfg.eval.num_tests_per_prompt, cfg.eval.keep_transcripts)

@@ -166,7 +166,16 @@ def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
     app = build_app(engine, extra_routes=weight_update_routes(engine))
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    from nemo_tau2.generation.serving import SHUTDOWN_GRACE_S
+
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+    )
 
 
 if __name__ == "__main__":

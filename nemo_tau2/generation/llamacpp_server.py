@@ -119,7 +119,16 @@ def main(argv: list[str] | None = None) -> None:
     engine = LlamaCppEngine.from_server(
         upstream, model_name=alias, max_model_len=args.n_ctx, constrain_tool_calls=not args.no_constrain_tool_calls
     )
-    uvicorn.run(build_app(engine), host=args.host, port=args.port, log_level="warning", access_log=False)
+    from nemo_tau2.generation.serving import SHUTDOWN_GRACE_S
+
+    uvicorn.run(
+        build_app(engine),
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+    )
     del server  # stops llama.cpp's threads cleanly
 
 

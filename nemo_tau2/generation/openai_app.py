@@ -142,7 +142,10 @@ def build_app(engine: Engine, *, extra_routes: Callable[[FastAPI], None] | None 
         await engine.aclose()
 
     app = FastAPI(title="nemo-tau2 policy endpoint", lifespan=lifespan)
-    app.add_middleware(RequestBodyGuard, error_body=error_body)  # size, JSON depth, Unicode: 4xx before any route
+    # Size, JSON depth, Unicode: 4xx before any route; a generation whose client has gone is cancelled.
+    app.add_middleware(
+        RequestBodyGuard, error_body=error_body, cancel_on_disconnect=lambda path: path == "/v1/chat/completions"
+    )
 
     @app.exception_handler(BadRequestError)
     async def _bad_request(_: Request, exc: BadRequestError) -> JSONResponse:

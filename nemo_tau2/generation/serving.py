@@ -26,6 +26,10 @@ from nemo_tau2.processes import child_environment, die_with_parent
 
 logger = logging.getLogger(__name__)
 
+SHUTDOWN_GRACE_S = 1.0
+"""How long a stopping endpoint server lets requests in flight finish before cancelling them (uvicorn's default is
+to wait for them all: a long generation kept a stopping llama.cpp server alive for a minute)."""
+
 
 def bind_socket(host: str, port: int | None, *, key: str) -> socket.socket:
     """A listening-ready socket on ``host:port`` (``port`` None: a free one), or a clear error if it is taken."""

@@ -20,6 +20,10 @@ from nemo_tau2.gym.http_client import RetryConfig
 from nemo_tau2.gym.model_server.routing import ReplicaRouting
 from nemo_tau2.gym.stack import ModelServerKind
 
+USER_RESPONSES_CREATE_PARAMS_DEFAULTS: dict[str, Any] = {"temperature": 0.0, "max_output_tokens": 1024}
+"""The simulated user's sampling unless configured: tau2's temperature 0, and a cap on each message's tokens (tau2's
+user messages take tens of tokens; a weak user model left uncapped can write thousands per turn and stall the run)."""
+
 
 class EpisodeLimits(BaseModel):
     """tau2's episode limits and the retries of the episode's calls (policy, user simulator, resources server)."""
@@ -45,7 +49,9 @@ class EpisodeSettings(EpisodeLimits):
     """Everything the agent server plays an episode with: the limits and the user simulator's settings."""
 
     user_responses_create_params: dict[str, Any] = Field(
-        default={"temperature": 0.0}, description="Sampling params of user simulator calls (tau2: temperature 0)."
+        default_factory=lambda: dict(USER_RESPONSES_CREATE_PARAMS_DEFAULTS),
+        description="Sampling params of user simulator calls (NeMo-Gym's responses_create_params keys); keys left "
+        "out keep their default: temperature 0 (tau2's) and max_output_tokens 1024 (null: uncapped).",
     )
     user_seed: int | None = Field(
         default=300, description="tau2's run seed: sample k of a task gets tau2's trial-k seed. null: send none."
@@ -62,7 +68,7 @@ class EpisodeSettings(EpisodeLimits):
             raise ValueError(
                 f"user_responses_create_params may not set {banned} (not OpenAI-compatible or set by the agent)"
             )
-        return value
+        return USER_RESPONSES_CREATE_PARAMS_DEFAULTS | value
 
 
 class UserSimulatorConfig(UserStrategyConfig):

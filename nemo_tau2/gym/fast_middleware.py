@@ -94,6 +94,7 @@ class FastMiddlewareMixin:
             max_bytes=self.config.max_request_bytes,
             max_depth=self.config.max_json_depth,
             lone_surrogates_allowed=self.lone_surrogates_allowed,
+            cancel_on_disconnect=self.cancel_on_disconnect,
         )
         app.add_middleware(_ExceptionsAsJson, server_name=self.config.name)  # outermost
 
@@ -111,4 +112,8 @@ class FastMiddlewareMixin:
 
     def lone_surrogates_allowed(self, path: str) -> bool:
         """Whether the route at ``path`` answers a lone surrogate itself (default: no, the gate refuses it)."""
+        return False
+
+    def cancel_on_disconnect(self, path: str) -> bool:
+        """Whether a request to ``path`` is cancelled when its client goes away (default: no, it runs to the end)."""
         return False

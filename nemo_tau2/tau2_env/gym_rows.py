@@ -18,13 +18,22 @@ COMPACT_SYSTEM_PROMPT = (
 )
 
 
+class UnsupportedTaskError(ValueError):
+    """A task that a Gym row cannot express (the reason is the message)."""
+
+
+def unsupported_reason(task: Any) -> str | None:
+    """Why a tau2 task cannot be written as a row, or None when it can."""
+    if task.initial_state is not None and task.initial_state.message_history:
+        return "starts from a pre-written message history, which nemo-tau2 rows do not support yet"
+    return None
+
+
 def task_row(domain: str, task_id: str, agent_name: str = DEFAULT_AGENT_NAME, split: str | None = None) -> dict:
     task = domains.get_task(domain, task_id)
-    if task.initial_state is not None and task.initial_state.message_history:
-        raise ValueError(
-            f"{domain} task {task_id!r} starts from a pre-written message history, which nemo-tau2 rows do not "
-            "support yet (only tau2's mock domain has such tasks)"
-        )
+    reason = unsupported_reason(task)
+    if reason is not None:
+        raise UnsupportedTaskError(f"{domain} task {task_id!r} {reason} (only tau2's mock domain has such tasks)")
     row: dict[str, Any] = {
         "responses_create_params": {
             "input": [
@@ -43,11 +52,23 @@ def task_row(domain: str, task_id: str, agent_name: str = DEFAULT_AGENT_NAME, sp
     return row
 
 
-def split_rows(domains_: list[str], split: str, agent_name: str = DEFAULT_AGENT_NAME) -> list[dict]:
-    """Rows for every task of ``split`` in each domain, domain by domain, in tau2's split order."""
+def split_rows(
+    domains_: list[str],
+    split: str,
+    agent_name: str = DEFAULT_AGENT_NAME,
+    skipped: list[tuple[str, str, str]] | None = None,
+) -> list[dict]:
+    """Rows for every task of ``split`` in each domain, domain by domain, in tau2's split order.
+
+    A task no row can express raises :class:`UnsupportedTaskError`; with a ``skipped`` list it is left out and
+    recorded there as ``(domain, task_id, reason)`` instead."""
     rows = []
     for domain in domains_:
         for task in domains.get_tasks(domain, split):
+            reason = unsupported_reason(task)
+            if reason is not None and skipped is not None:
+                skipped.append((domain, task.id, reason))
+                continue
             rows.append(task_row(domain, task.id, agent_name, split))
     return rows
 

@@ -30,7 +30,6 @@ from nemo_tau2.gym.config_keys import GymInstanceConfigMixin, RequestLimitsMixin
 from nemo_tau2.gym.episode_config import EpisodeSettings
 from nemo_tau2.gym.fast_middleware import FastMiddlewareMixin
 from nemo_tau2.gym.http_client import GymHttpClient
-from nemo_tau2.gym.serving import disable_ray_uv_runtime_env
 from nemo_tau2.gym.task_fields import Tau2TaskFields
 from nemo_tau2.tau2_env import DOMAINS
 
@@ -121,6 +120,10 @@ class Tau2Agent(FastMiddlewareMixin, SimpleResponsesAPIAgent):
         app.router.on_shutdown.append(self._http.close)
         return app
 
+    def cancel_on_disconnect(self, path: str) -> bool:
+        """An episode whose caller has gone (timed out, stopped) is cancelled, which ends its session."""
+        return path == "/run"
+
     async def progress(self) -> dict[str, int]:
         """Episodes running and finished, model calls and generated tokens so far (counters since start-up)."""
         return dataclasses.asdict(self._orchestrator.progress)
@@ -151,8 +154,3 @@ def _instance_url(global_config: Any, name: str) -> str:
     (block,) = global_config[name].values()
     (instance,) = block.values()
     return f"http://{instance['host']}:{instance['port']}"
-
-
-if __name__ == "__main__":
-    disable_ray_uv_runtime_env()
-    Tau2Agent.run_webserver()

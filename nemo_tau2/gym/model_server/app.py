@@ -90,6 +90,10 @@ class FastVLLMModel(FastMiddlewareMixin, SimpleResponsesAPIModel):
         app.router.on_shutdown.append(self._http.close)
         return app
 
+    def cancel_on_disconnect(self, path: str) -> bool:
+        """A model call whose caller has gone is cancelled, and with it the request to the endpoint."""
+        return path in ("/v1/responses", "/v1/chat/completions")
+
     # ------------------------------------------------------------------ routes (one error boundary)
     async def responses(self, request: Request) -> Response:
         return await self._answer(request, self._endpoint.responses)

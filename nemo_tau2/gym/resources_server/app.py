@@ -41,7 +41,6 @@ from nemo_tau2.gym.config_keys import GymInstanceConfigMixin, RequestLimitsMixin
 from nemo_tau2.gym.fast_middleware import FastMiddlewareMixin
 from nemo_tau2.gym.resources_server.replay import RecordedAnswer, describe, fingerprint, idempotency_key
 from nemo_tau2.gym.resources_server.sessions import Session, SessionStore, TooManySessionsError
-from nemo_tau2.gym.serving import disable_ray_uv_runtime_env
 from nemo_tau2.gym.task_fields import Tau2TaskFields
 from nemo_tau2.json_arguments import find_lone_surrogate
 from nemo_tau2.tau2_env import DOMAINS, domains, prompts
@@ -373,8 +372,3 @@ class Tau2ResourcesServer(FastMiddlewareMixin, SimpleResourcesServer):
             "evicted_idle_sessions": self._sessions.evicted_idle,
             "replayed_answers": self._sessions.replayed_answers,
         }
-
-
-if __name__ == "__main__":
-    disable_ray_uv_runtime_env()
-    Tau2ResourcesServer.run_webserver()

@@ -62,3 +62,11 @@ def test_the_agent_gets_the_eval_limits_and_the_user_block_as_one_object():
     assert (agent.max_steps, agent.max_turns, agent.max_errors, agent.user_seed) == (12, 3, 10, 7)
     assert agent.user_responses_create_params == {"temperature": 0.0, "top_p": 1.0, "max_output_tokens": 1024}
     assert UserSimulatorConfig.model_fields["seed"].default == EpisodeSettings.model_fields["user_seed"].default
+
+
+def test_the_user_sampling_keeps_its_output_cap_unless_overridden():
+    assert EpisodeSettings().user_responses_create_params == {"temperature": 0.0, "max_output_tokens": 1024}
+    warmer = EpisodeSettings(user_responses_create_params={"temperature": 0.7})
+    assert warmer.user_responses_create_params == {"temperature": 0.7, "max_output_tokens": 1024}
+    uncapped = EpisodeSettings(user_responses_create_params={"max_output_tokens": None})
+    assert uncapped.user_responses_create_params["max_output_tokens"] is None

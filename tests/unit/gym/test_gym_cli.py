@@ -1,50 +1,118 @@
-"""Our Gym servers under NeMo-Gym's own tooling: `gym env validate` and `gym env start` (with Ray and its head
-server, NeMo-Gym's own vllm_model, per-server virtualenvs) play a tau2 episode unchanged.
+"""Our Gym servers under NeMo-Gym's own CLI, typed as the README's "Under NeMo-Gym's CLI" types it: in a clean copy
+of the repository (what CI checks out), an ``env.yaml`` with the policy and user endpoints (the scripted fake
+server), ``ng_run`` with NeMo-Gym's default per-server virtualenvs (built from each folder's requirements.txt),
+then ``ng_collect_rollouts`` and ``gym eval run --no-serve`` over the example rows. A start that fails leaves no
+process behind.
 
-NeMo-Gym builds one virtualenv per server from its requirements.txt; with `+skip_venv_if_present=true` and
-`+uv_venv_dir` pointing at links to this project's environment it reuses ours instead of downloading packages.
+The only setting beyond the endpoints is NeMo-Gym's own ``uv_cache_dir`` (in ``env.yaml``), pointed at uv's cache,
+which ``uv sync`` has filled: the virtualenvs are then linked from it instead of downloaded again (~1.8 GB).
 """
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import requests
+import pytest
 
 from nemo_tau2.gym.launch import free_port
-from nemo_tau2.tau2_env.gym_rows import task_row
 from nemo_tau2.testing import start_fake_server
 
 ROOT = Path(__file__).resolve().parents[3]
-GYM = str(Path(sys.executable).parent / "gym")
+BIN = Path(sys.executable).parent
 CONFIGS = [
     "resources_servers/tau2/configs/tau2.yaml",
     "responses_api_models/vllm_model/configs/vllm_model_for_training.yaml",
     "responses_api_agents/tau2_agent/configs/user_model.yaml",
 ]
+NG_RUN = [str(BIN / "ng_run"), *(arg for path in CONFIGS for arg in ("--config", path))]
+START_TIMEOUT_S = 600
 
 
-def _endpoints(policy_url: str, user_url: str) -> list[str]:
-    return [
-        f"+policy_base_url={policy_url}",
-        "+policy_api_key=EMPTY",
-        "+policy_model_name=fake",
-        f"+user_base_url={user_url}",
-        "+user_api_key=EMPTY",
-        "+user_model_name=fake",
-    ]
+def _clean_copy(destination: Path) -> Path:
+    """The repository's files as a fresh clone has them (tracked and not ignored; links kept as links)."""
+    listing = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    )
+    for name in filter(None, listing.stdout.decode().split("\0")):
+        source = ROOT / name
+        if not source.exists() and not source.is_symlink():
+            continue  # deleted in the working tree, not committed yet
+        target = destination / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, target, follow_symlinks=False)
+    return destination
 
 
-def _config_args(configs: list[str]) -> list[str]:
-    return [arg for path in configs for arg in ("--config", path)]
+def _cli_environment() -> dict[str, str]:
+    """The user's shell: the project's environment on PATH (``ng_run``, ``uv``), nothing else of ours."""
+    ours = ("NEMO_GYM_", "VIRTUAL_ENV", "UV_RUN_RECURSION_DEPTH", "RAY_ENABLE_UV_RUN_RUNTIME_ENV", "PYTEST_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(ours) and k != "UV"}
+    return env | {"PATH": f"{BIN}{os.pathsep}{Path(shutil.which('uv')).parent}{os.pathsep}{env['PATH']}"}
+
+
+def _session_processes(session_id: int) -> list[str]:
+    listing = subprocess.run(["ps", "-o", "pid=,args=", "-s", str(session_id)], capture_output=True, text=True)
+    return [line.strip() for line in listing.stdout.splitlines() if line.strip()]
+
+
+def _start_ng_run(copy: Path, log: Path, *overrides: str) -> subprocess.Popen:
+    # Its own session: like a terminal's job, and the test can count what it leaves behind.
+    with log.open("w") as out:
+        return subprocess.Popen(
+            [*NG_RUN, *overrides],
+            cwd=copy,
+            env=_cli_environment(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def _wait_for_no_process(session_id: int, timeout_s: float) -> list[str]:
+    deadline = time.monotonic() + timeout_s
+    while (left := _session_processes(session_id)) and time.monotonic() < deadline:
+        time.sleep(1)
+    return left
+
+
+@pytest.fixture(scope="module")
+def gym_copy(tmp_path_factory):
+    """A clean copy with an ``env.yaml`` pointing both endpoints at a scripted fake server."""
+    if shutil.which("uv") is None:
+        pytest.fail("NeMo-Gym's ng_run builds each server's virtualenv with uv, which is not on PATH")
+    copy = _clean_copy(tmp_path_factory.mktemp("clone"))
+    uv_cache = subprocess.run(["uv", "cache", "dir"], capture_output=True, text=True, check=True).stdout.strip()
+    with start_fake_server(mode="subprocess") as fake:
+        (copy / "env.yaml").write_text(
+            f"policy_base_url: {fake.base_url}\npolicy_api_key: EMPTY\npolicy_model_name: fake-model\n"
+            f"user_base_url: {fake.base_url}\nuser_api_key: EMPTY\nuser_model_name: fake-model\n"
+            f"uv_cache_dir: {uv_cache}\nhead_server:\n  host: 127.0.0.1\n  port: {free_port()}\n"
+        )
+        yield copy
+
+
+def _run_cli(copy: Path, *command: str) -> str:
+    done = subprocess.run(list(command), cwd=copy, env=_cli_environment(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    return done.stdout + done.stderr
+
+
+def _rewards(path: Path) -> list[float]:
+    return [json.loads(line)["reward"] for line in path.read_text().splitlines()]
 
 
 def test_gym_validates_our_configs_and_names_a_missing_user_model():
+    endpoints = [f"+{role}_{key}=x" for role in ("policy", "user") for key in ("base_url", "api_key", "model_name")]
     ok = subprocess.run(
-        [GYM, "env", "validate", *_config_args(CONFIGS), *_endpoints("http://a/v1", "http://b/v1")],
+        [str(BIN / "gym"), "env", "validate", *NG_RUN[1:], *endpoints],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -52,7 +120,7 @@ def test_gym_validates_our_configs_and_names_a_missing_user_model():
     )
     assert ok.returncode == 0 and "Config is valid" in ok.stdout + ok.stderr, ok.stdout + ok.stderr
     missing = subprocess.run(
-        [GYM, "env", "validate", *_config_args(CONFIGS[:2]), *_endpoints("http://a/v1", "x")[:3]],
+        [str(BIN / "gym"), "env", "validate", *NG_RUN[1:5], *endpoints[:3]],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -63,47 +131,68 @@ def test_gym_validates_our_configs_and_names_a_missing_user_model():
     )
 
 
-def test_gym_env_start_runs_our_servers_and_plays_an_episode(tmp_path):
-    for server_dir in ("resources_servers/tau2", "responses_api_agents/tau2_agent", "responses_api_models/vllm_model"):
-        (tmp_path / server_dir).mkdir(parents=True)
-        os.symlink(Path(sys.executable).parents[1], tmp_path / server_dir / ".venv")
-    agent_port, head_port = free_port(), free_port()
-    with start_fake_server(mode="subprocess") as fake:
-        command = [
-            GYM,
-            "env",
-            "start",
-            *_config_args(CONFIGS),
-            *_endpoints(fake.base_url, fake.base_url),
-            "++policy_model.responses_api_models.vllm_model.uses_reasoning_parser=false",
-            f"++tau2_agent.responses_api_agents.tau2_agent.port={agent_port}",
-            f"++head_server.port={head_port}",
-            "++head_server.host=127.0.0.1",
-            "+skip_venv_if_present=true",
-            f"+uv_venv_dir={tmp_path}",
-        ]
-        log = (tmp_path / "gym.log").open("w")
-        gym = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+def test_ng_run_with_default_venvs_then_collect_rollouts_and_gym_eval_run(gym_copy):
+    log = gym_copy / "ng_run.log"
+    ng_run = _start_ng_run(gym_copy, log)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while "servers ready!" not in log.read_text(errors="replace"):
+            assert ng_run.poll() is None, log.read_text(errors="replace")[-4000:]
+            assert time.monotonic() < deadline, f"ng_run not up in {START_TIMEOUT_S} s"
+            time.sleep(1)
+        for server in ("resources_servers/tau2", "responses_api_agents/tau2_agent"):
+            assert (gym_copy / server / ".venv" / "bin" / "python").exists()  # NeMo-Gym built its own venv
+        (gym_copy / "results").mkdir()
+        output = _run_cli(
+            gym_copy,
+            str(BIN / "ng_collect_rollouts"),
+            "+agent_name=tau2_agent",
+            "+input_jsonl_fpath=resources_servers/tau2/data/example.jsonl",
+            "+output_jsonl_fpath=results/rollouts.jsonl",
+            "+limit=3",
+        )
+        assert '"mean/reward": 1.0' in output
+        assert _rewards(gym_copy / "results/rollouts.jsonl") == [1.0, 1.0, 1.0]
+        _run_cli(
+            gym_copy,
+            str(BIN / "gym"),
+            "eval",
+            "run",
+            "--no-serve",
+            "--agent",
+            "tau2_agent",
+            "--input",
+            "resources_servers/tau2/data/example.jsonl",
+            "--output",
+            "results/eval.jsonl",
+            "--limit",
+            "2",
+        )
+        assert _rewards(gym_copy / "results/eval.jsonl") == [1.0, 1.0]
+    finally:
+        if ng_run.poll() is None:
+            os.kill(ng_run.pid, signal.SIGINT)  # Ctrl-C
         try:
-            agent = f"http://127.0.0.1:{agent_port}"
-            deadline = time.monotonic() + 300
-            while True:
-                assert gym.poll() is None, (tmp_path / "gym.log").read_text(errors="replace")[-3000:]
-                assert time.monotonic() < deadline, "gym env start did not bring the agent up in 300 s"
-                try:
-                    requests.get(agent + "/", timeout=2)
-                    break
-                except requests.ConnectionError:
-                    time.sleep(1)
-            response = requests.post(agent + "/run", json=task_row("airline", "11"), timeout=300)
-            body = response.json()
-            assert response.status_code == 200, body
-            assert (body["reward"], body["termination_reason"], body["status"]) == (1.0, "user_stop", "ok")
-            assert any(item.get("generation_token_ids") for item in body["response"]["output"])
-        finally:
-            os.killpg(gym.pid, signal.SIGINT)
-            try:
-                gym.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(gym.pid, signal.SIGKILL)
-                gym.wait()
+            ng_run.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(ng_run.pid, signal.SIGKILL)
+    servers_left = [line for line in _wait_for_no_process(ng_run.pid, 30) if "app.py" in line]
+    assert servers_left == []
+
+
+def test_a_failed_start_leaves_no_process_behind(gym_copy):
+    """A config error in one server: ng_run gives up, and neither the servers it had started (ours and NeMo-Gym's
+    own model servers) nor its Ray cluster outlive it."""
+    log = gym_copy / "ng_run_failing.log"
+    ng_run = _start_ng_run(gym_copy, log, "++tau2_agent.responses_api_agents.tau2_agent.max_steps=0")
+    try:
+        ng_run.wait(timeout=START_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(ng_run.pid, signal.SIGKILL)
+        pytest.fail("ng_run did not give up on a server that cannot start: " + log.read_text()[-3000:])
+    text = log.read_text(errors="replace")
+    assert ng_run.returncode != 0 and "Process `tau2_agent` finished unexpectedly" in text, text[-3000:]
+    left = _wait_for_no_process(ng_run.pid, 30)
+    if left:
+        os.killpg(ng_run.pid, signal.SIGKILL)
+    assert left == []

@@ -128,3 +128,14 @@ def test_agent_rejects_an_unserved_domain_and_single_responses_calls(fresh_stack
     assert status == 400 and "not served by this agent" in body["detail"]
     response = requests.post(f"{fresh_stack.agent_url}/v1/responses", json={"input": "hi"})
     assert response.status_code == 400 and "/run" in response.json()["detail"]
+
+
+def test_a_rambling_user_model_is_cut_at_the_default_output_cap(fresh_stack):
+    """The agent's default config (as tau2.yaml and the launcher give it) caps each simulated-user message: a user
+    model that would write 6,000 tokens is cut at 1,024 (the fake's tokens are bytes) and the episode goes on."""
+    fresh_stack.provider.user = say("I need help with my reservation please. " * 150, "###STOP###")
+    status, body = fresh_stack.run("airline", "11")
+    assert status == 200 and body["status"] == "ok", body
+    user_messages = [item["content"] for item in body["response"]["output"] if item.get("role") == "user"]
+    assert len(user_messages[0].encode()) == 1024
+    assert user_messages[-1] == "###STOP###"

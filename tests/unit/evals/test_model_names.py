@@ -1,0 +1,30 @@
+"""Results name the policy model as the user configured it, with the path it resolved to beside it."""
+
+from types import SimpleNamespace
+
+from omegaconf import OmegaConf
+
+from nemo_tau2.evals.eval import policy_model_names
+
+
+def _cfg(model_name: str | None, backend: str = "vllm"):
+    return SimpleNamespace(
+        policy=SimpleNamespace(generation=SimpleNamespace(model_name=model_name, openai_cfg=None, backend=backend))
+    )
+
+
+def test_a_local_model_is_named_by_its_name_and_its_cache_folder_is_kept_beside_it():
+    raw = OmegaConf.create({"policy": {"generation": {"model_name": "${local_model:smollm2-135m-instruct}"}}})
+    names = policy_model_names(_cfg("/root/.cache/nemo-tau2/smollm2-135m-instruct"), raw)
+    assert names == {
+        "policy_model": "smollm2-135m-instruct",
+        "policy_model_resolved": "/root/.cache/nemo-tau2/smollm2-135m-instruct",
+    }
+
+
+def test_a_plain_name_and_nemo_rls_layout_are_kept_as_written():
+    raw = OmegaConf.create({"policy": {"generation": {"model_name": "Qwen/Qwen3-4B"}}})
+    assert policy_model_names(_cfg("Qwen/Qwen3-4B"), raw) == {"policy_model": "Qwen/Qwen3-4B"}
+    nemo_rl = OmegaConf.create({"generation": {"model_name": "${local_model:smollm2-135m-instruct}"}})
+    assert policy_model_names(_cfg("/cache/smollm2"), nemo_rl)["policy_model"] == "smollm2-135m-instruct"
+    assert policy_model_names(_cfg(None, backend="fake"), OmegaConf.create({})) == {"policy_model": "fake"}
