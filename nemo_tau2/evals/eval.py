@@ -126,6 +126,7 @@ def summarize(cfg: EvalMasterConfig, log: RolloutLog) -> dict[str, Any]:
     )
     return {
         "policy_model": policy_model(cfg),
+        "tau2_version": cfg.tau2.version,
         "episodes_produced_by": produced_by,  # what the policy's server called itself, per record
         "num_tests_per_prompt": cfg.eval.num_tests_per_prompt,
         "k_values": cfg.eval.k_values,
