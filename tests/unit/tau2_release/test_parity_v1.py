@@ -7,6 +7,7 @@ and every tool answer (error strings included) must be identical. Both sides run
 """
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -44,12 +45,31 @@ def judged(task: dict) -> bool:
     return "NL_ASSERTION" in criteria.get("reward_basis", []) and bool(criteria.get("nl_assertions"))
 
 
-def compare(worker: Tau2Worker, judge, max_tasks: int | None = None) -> tuple[dict, list[str]]:
-    """Both sides on the first ``max_tasks`` base tasks of each domain (None: all); returns our results and the
-    tasks the judge graded."""
+# What CI compares on every run (the whole base set, 834 episodes, is the opt-in test below): every task whose gold
+# writes v1.0.1 changed, the first retail tasks with NL assertions (the new judged scoring), a few of the rest.
+CHANGED_GOLD = {"airline": ["2", "7", "9", "23", "27", "29", "33", "35", "37", "38", "44"],
+                "retail": ["12", "13", "18", "91", "107"]}  # fmt: skip
+FULL_PARITY_ENV = "NEMO_TAU2_V1_FULL_PARITY"
+
+
+def ci_selection(tasks: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    judged_retail = [task for task in tasks["retail"] if judged(task)][:12]
+    chosen = {}
+    for domain in DOMAINS:
+        ids = set(CHANGED_GOLD.get(domain, [])) | {task["id"] for task in tasks[domain][:4]}
+        ids |= {task["id"] for task in judged_retail} if domain == "retail" else set()
+        chosen[domain] = [task for task in tasks[domain] if task["id"] in ids]
+    return chosen
+
+
+def compare(worker: Tau2Worker, judge, full: bool) -> tuple[dict, list[str]]:
+    """Both sides on every base task (``full``) or the CI selection; returns our results and the tasks the judge
+    graded."""
     greeting = worker.request("greeting")
-    tasks = {domain: worker.request("tasks", domain=domain, split="base")[:max_tasks] for domain in DOMAINS}
-    chosen = {domain: [task["id"] for task in tasks[domain]] for domain in DOMAINS} if max_tasks else None
+    tasks = {domain: worker.request("tasks", domain=domain, split="base") for domain in DOMAINS}
+    if not full:
+        tasks = ci_selection(tasks)
+    chosen = None if full else {domain: [task["id"] for task in tasks[domain]] for domain in DOMAINS}
     reference = subprocess.Popen(
         [tau2_v1_python(), str(REFERENCE)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
@@ -73,8 +93,18 @@ def compare(worker: Tau2Worker, judge, max_tasks: int | None = None) -> tuple[di
     return ours, judged_tasks
 
 
+def test_changed_and_judged_tasks_score_as_tau2_v1_scores_them(worker, judge):
+    ours, judged_tasks = compare(worker, judge, full=False)
+    assert len(judged_tasks) == 12 and all(ours[key]["reward"] == 1.0 for key in ours if key.endswith("/oracle"))
+    assert all(ours[f"{task}/wrong_message"]["reward"] == 0.0 for task in judged_tasks)
+    assert {key.split("/")[0] for key in ours} == set(DOMAINS)
+
+
+@pytest.mark.skipif(
+    os.environ.get(FULL_PARITY_ENV) != "1", reason=f"every base task (834 episodes): set {FULL_PARITY_ENV}=1"
+)
 def test_every_base_task_scores_as_tau2_v1_scores_it(worker, judge):
-    ours, judged_tasks = compare(worker, judge)
+    ours, judged_tasks = compare(worker, judge, full=True)
 
     counts = {domain: sum(key.startswith(f"{domain}/") for key in ours) for domain in DOMAINS}
     assert counts == {"airline": 150, "retail": 342, "telecom": 342}, counts
