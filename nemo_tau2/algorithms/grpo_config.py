@@ -20,6 +20,7 @@ from nemo_tau2.models.memory_plan import ClusterConfig
 from nemo_tau2.models.policy.checkpoint import CheckpointingConfig
 from nemo_tau2.models.policy.config import PolicyConfig
 from nemo_tau2.tau2_env import DOMAINS
+from nemo_tau2.tau2_release.config import GYM_SERVES_ONLY_V021, Tau2ReleaseConfig
 from nemo_tau2.utils.metrics_logger import LoggerConfig
 
 
@@ -125,10 +126,13 @@ class GRPOMasterConfig(_Strict):
     tiny_policy: TinyPolicyConfig | None = Field(
         default=None, description="Build a warm-started tiny model into policy.model_name if it does not exist (CPU)."
     )
+    tau2: Tau2ReleaseConfig = Field(default_factory=Tau2ReleaseConfig, description="Which tau2 release scores.")
 
     @model_validator(mode="after")
     def _consistent(self) -> "GRPOMasterConfig":
         problems = []
+        if self.tau2.version != "v0.2.1":
+            problems.append(GYM_SERVES_ONLY_V021)
         if self.policy.generation is None:
             problems.append("policy.generation is required: the backend serving the current weights to rollouts")
         if not self.env.nemo_gym.return_token_ids:

@@ -129,6 +129,7 @@ def summarize(cfg: EvalMasterConfig, raw: DictConfig, log: RolloutLog) -> dict[s
     )
     return {
         **policy_model_names(cfg, raw),
+        "tau2_version": cfg.tau2.version,
         "episodes_produced_by": produced_by,  # what the policy's server called itself, per record
         "num_tests_per_prompt": cfg.eval.num_tests_per_prompt,
         "k_values": cfg.eval.k_values,

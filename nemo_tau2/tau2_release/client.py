@@ -1,0 +1,156 @@
+"""Talk to a tau2 release that lives in its own environment, through the worker process of ours that runs there.
+
+The worker (``worker/nemo_tau2_tau2_worker.py``) imports only tau2 and the standard library; this side starts it
+with the release's interpreter (``tau2.python``, else ``$NEMO_TAU2_TAU2_V1_PYTHON``), as the vllm backend starts
+vLLM's server, and exchanges one JSON line per request over pipes. Requests are answered in order, one at a time:
+tau2's tools and evaluator are CPU-bound Python, as they are in process.
+
+Failures keep their three channels: a request the release cannot honour raises :class:`Tau2RequestError` (a
+``ValueError``: bad input), an NL-assertion judge that gives no usable verdict after ``judge.max_attempts`` raises
+:class:`Tau2JudgeError` (an infrastructure error with its cause, never a score), and a worker that cannot start or
+dies raises :class:`Tau2WorkerError`.
+"""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
+
+logger = logging.getLogger(__name__)
+
+TAU2_V1_PYTHON_ENV = "NEMO_TAU2_TAU2_V1_PYTHON"
+WORKER_DIR = Path(__file__).parent / "worker"
+WORKER_FILE = WORKER_DIR / "nemo_tau2_tau2_worker.py"
+BUILD_HINT = (
+    "build it with `scripts/build_tau2_env.sh --version v1.0.1` (add `--source PATH` for a local checkout) and set "
+    f"tau2.python to the interpreter it prints (or export {TAU2_V1_PYTHON_ENV})"
+)
+# Variables of the project's environment that must not reach an interpreter of another environment.
+_FOREIGN_PYTHON_VARIABLES = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
+
+
+class Tau2WorkerError(RuntimeError):
+    """The release's worker could not start, or stopped answering."""
+
+
+class Tau2RequestError(ValueError):
+    """The release cannot honour the request (unknown domain, task or episode; malformed message)."""
+
+
+class Tau2JudgeError(RuntimeError):
+    """The NL-assertion judge gave no usable verdict (HTTP error, invalid JSON, no results): infrastructure."""
+
+
+def release_python(config: Tau2ReleaseConfig) -> str:
+    """The interpreter of the configured release's environment; one-line error naming the fix if there is none."""
+    python = config.python or os.environ.get(TAU2_V1_PYTHON_ENV)
+    if not python:
+        raise Tau2WorkerError(f"tau2.version {config.version} runs in its own environment; {BUILD_HINT}")
+    if not Path(python).is_file():
+        raise Tau2WorkerError(f"tau2.python (or ${TAU2_V1_PYTHON_ENV}) {python!r} does not exist; {BUILD_HINT}")
+    return python
+
+
+class Tau2Worker:
+    """One worker process of the configured tau2 release. Use as a context manager, or call :meth:`close`."""
+
+    def __init__(self, config: Tau2ReleaseConfig, start_timeout_s: float = 300.0, stderr: Any = None):
+        if config.version == "v0.2.1":
+            raise ValueError("tau2.version v0.2.1 is the project's own environment; it needs no worker")
+        self.config = config
+        env = {key: value for key, value in os.environ.items() if key not in _FOREIGN_PYTHON_VARIABLES}
+        env["PYTHONPATH"] = str(WORKER_DIR)
+        env.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        self._process = subprocess.Popen(
+            [release_python(config), "-u", str(WORKER_FILE)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr if stderr is not None else sys.stderr,
+            env=env,
+            text=True,
+            bufsize=1,
+        )
+        self._lock = threading.Lock()
+        self._next_id = 0
+        ready = self._read_line(start_timeout_s, "starting")
+        expected = config.version.removeprefix("v")
+        if ready.get("tau2_version") != expected:
+            self.close()
+            raise Tau2WorkerError(
+                f"tau2.python has tau2 {ready.get('tau2_version')}, not {expected} as tau2.version says; {BUILD_HINT}"
+            )
+        self.tau2_version = config.version
+        judge = config.judge
+        self.request(
+            "configure_judge",
+            model=judge.model,
+            base_url=judge.base_url,
+            api_key_env=judge.api_key_env,
+            num_retries=0,  # one call per attempt: the retries are ours (verify), each a whole, safe re-grade
+            timeout=judge.timeout_s,
+        )
+
+    def _read_line(self, timeout_s: float, doing: str) -> dict:
+        result: list[str] = []
+        reader = threading.Thread(target=lambda: result.append(self._process.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout_s)
+        if not result or not result[0]:
+            code = self._process.poll()
+            state = f"exited with status {code}" if code is not None else f"gave no answer in {timeout_s:.0f} s"
+            raise Tau2WorkerError(f"tau2 {self.config.version} worker {state} while {doing} (its stderr says why)")
+        return json.loads(result[0])
+
+    def request(self, op: str, timeout_s: float = 600.0, **args: Any) -> Any:
+        """One request; returns its result or raises the error type its answer names."""
+        with self._lock:
+            self._next_id += 1
+            try:
+                self._process.stdin.write(json.dumps({"id": self._next_id, "op": op, "args": args}) + "\n")
+                self._process.stdin.flush()
+            except (BrokenPipeError, ValueError) as e:
+                raise Tau2WorkerError(f"tau2 {self.config.version} worker is gone ({e})") from e
+            reply = self._read_line(timeout_s, f"answering {op}")
+        if reply.get("ok"):
+            return reply["result"]
+        kind, error = reply.get("kind"), reply.get("error")
+        if kind == "bad_request":
+            raise Tau2RequestError(error)
+        if kind == "judge":
+            raise Tau2JudgeError(error)
+        raise Tau2WorkerError(f"tau2 {self.config.version} {op} failed: {error}")
+
+    def verify(self, episode_id: str, messages: list[dict], termination_reason: str) -> dict:
+        """The release's reward for the episode, the judge retried up to ``judge.max_attempts`` times."""
+        attempts = self.config.judge.max_attempts
+        for attempt in range(1, attempts + 1):
+            try:
+                return self.request(
+                    "verify", episode_id=episode_id, messages=messages, termination_reason=termination_reason
+                )
+            except Tau2JudgeError as e:
+                if attempt == attempts:
+                    raise Tau2JudgeError(f"{e} (after {attempts} attempts)") from e
+                logger.warning("episode %s: %s; grading again (%d of %d)", episode_id, e, attempt + 1, attempts)
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        if self._process.poll() is None:
+            self._process.stdin.close()
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+
+    def __enter__(self) -> "Tau2Worker":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

