@@ -95,7 +95,7 @@ def compare(worker: Tau2Worker, judge, full: bool) -> tuple[dict, list[str]]:
 
 def test_changed_and_judged_tasks_score_as_tau2_v1_scores_them(worker, judge):
     ours, judged_tasks = compare(worker, judge, full=False)
-    assert len(judged_tasks) == 12 and all(ours[key]["reward"] == 1.0 for key in ours if key.endswith("/oracle"))
+    assert len(judged_tasks) >= 12 and all(ours[key]["reward"] == 1.0 for key in ours if key.endswith("/oracle"))
     assert all(ours[f"{task}/wrong_message"]["reward"] == 0.0 for task in judged_tasks)
     assert {key.split("/")[0] for key in ours} == set(DOMAINS)
 
