@@ -16,7 +16,7 @@ from tests.unit.tau2_release.worker_episodes import play
 
 RESCORE = Path(__file__).with_name("v1_rescore.py")
 RUN = {"llm_agent": "policy", "llm_user": "user-sim", "num_trials": 1, "max_steps": 200, "max_errors": 10, "seed": 300}
-TASKS_PER_DOMAIN = 4
+TASKS_PER_DOMAIN = 2  # 6 episodes a domain (oracle + 2 perturbations each): passes and failures
 
 
 @pytest.fixture(scope="module")
