@@ -68,7 +68,8 @@ class EpisodeSettings(EpisodeLimits):
             raise ValueError(
                 f"user_responses_create_params may not set {banned} (not OpenAI-compatible or set by the agent)"
             )
-        return USER_RESPONSES_CREATE_PARAMS_DEFAULTS | value
+        # the configured keys in their order (the request is tau2's user call, key for key), defaults for the rest
+        return value | {k: v for k, v in USER_RESPONSES_CREATE_PARAMS_DEFAULTS.items() if k not in value}
 
 
 class UserSimulatorConfig(UserStrategyConfig):
