@@ -47,4 +47,5 @@ def test_v101_is_refused_by_the_gym_paths_until_they_serve_it(path):
 def test_the_summary_records_the_release():
     record = {"domain": "mock", "task_id": "create_task_1", "success": True, "reward": 1.0, "status": "ok"}
     record |= {"termination_reason": "user_stop", "num_turns": 2, "total_tokens": None}
-    assert summarize(_eval(), [record])["tau2_version"] == "v0.2.1"
+    raw = load_config(FAKE_EVAL)
+    assert summarize(setup_eval(raw), raw, [record])["tau2_version"] == "v0.2.1"
