@@ -55,7 +55,10 @@ def _cli_environment() -> dict[str, str]:
     """The user's shell: the project's environment on PATH (``ng_run``, ``uv``), nothing else of ours."""
     ours = ("NEMO_GYM_", "VIRTUAL_ENV", "UV_RUN_RECURSION_DEPTH", "RAY_ENABLE_UV_RUN_RUNTIME_ENV", "PYTEST_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(ours) and k != "UV"}
-    return env | {"PATH": f"{BIN}{os.pathsep}{Path(shutil.which('uv')).parent}{os.pathsep}{env['PATH']}"}
+    path = f"{BIN}{os.pathsep}{Path(shutil.which('uv')).parent}{os.pathsep}{env['PATH']}"
+    # A shell that ran `.ci/run` (or the README's `uv sync` with a chosen interpreter) has UV_PYTHON naming the base
+    # Python: the servers' venvs must get their packages all the same.
+    return env | {"PATH": path, "UV_PYTHON": env.get("UV_PYTHON", sys._base_executable)}
 
 
 def _session_processes(session_id: int) -> list[str]:
