@@ -8,31 +8,13 @@ from pathlib import Path
 import pytest
 
 from nemo_tau2.tau2_release.client import Tau2RequestError, Tau2Worker
-from nemo_tau2.tau2_release.config import NLJudgeConfig, Tau2ReleaseConfig
-from nemo_tau2.testing.scripted_judge import ScriptedJudge
 from tests.tau2_v1_env import tau2_v1_python
-from tests.unit.tau2_release.episode_scripts import JUDGE_FAIL_MARKER, episode_scripts
+from tests.unit.tau2_release.episode_scripts import episode_scripts
 from tests.unit.tau2_release.worker_episodes import play
 
 RESCORE = Path(__file__).with_name("v1_rescore.py")
 RUN = {"llm_agent": "policy", "llm_user": "user-sim", "num_trials": 1, "max_steps": 200, "max_errors": 10, "seed": 300}
 TASKS_PER_DOMAIN = 2  # 6 episodes a domain (oracle + 2 perturbations each): passes and failures
-
-
-@pytest.fixture(scope="module")
-def judge():
-    server = ScriptedJudge(fail_marker=JUDGE_FAIL_MARKER)
-    yield server
-    server.close()
-
-
-@pytest.fixture(scope="module")
-def worker(judge):
-    config = Tau2ReleaseConfig(
-        version="v1.0.1", python=tau2_v1_python(), judge=NLJudgeConfig(model="scripted-judge", base_url=judge.base_url)
-    )
-    with Tau2Worker(config) as started:
-        yield started
 
 
 def scored_episodes(worker: Tau2Worker, domain: str) -> list[dict]:

@@ -5,28 +5,10 @@ import socket
 
 import pytest
 
-from nemo_tau2.tau2_release.client import Tau2JudgeError, Tau2RequestError, Tau2Worker
-from nemo_tau2.tau2_release.config import NLJudgeConfig, Tau2ReleaseConfig
+from nemo_tau2.tau2_release.client import Tau2JudgeError, Tau2RequestError
 from nemo_tau2.tau2_release.trajectory import Trajectory
-from nemo_tau2.testing.scripted_judge import ScriptedJudge
-from tests.tau2_v1_env import tau2_v1_python
-from tests.unit.tau2_release.episode_scripts import JUDGE_FAIL_MARKER, episode_scripts
-
-ATTEMPTS = 2
-
-
-@pytest.fixture(scope="module")
-def judge():
-    server = ScriptedJudge(fail_marker=JUDGE_FAIL_MARKER)
-    yield server
-    server.close()
-
-
-@pytest.fixture(scope="module")
-def worker(judge):
-    judge_config = NLJudgeConfig(model="scripted-judge", base_url=judge.base_url, max_attempts=ATTEMPTS, timeout_s=10)
-    with Tau2Worker(Tau2ReleaseConfig(version="v1.0.1", python=tau2_v1_python(), judge=judge_config)) as started:
-        yield started
+from tests.unit.tau2_release.episode_scripts import episode_scripts
+from tests.unit.tau2_release.worker_episodes import JUDGE_ATTEMPTS
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +42,7 @@ def seeded_episode(worker, task, script) -> tuple[str, list[dict]]:
 )
 def test_a_judge_fault_on_every_attempt_is_an_infra_error_naming_its_cause(worker, judge, nl_task, fault, cause):
     episode_id, messages = seeded_episode(worker, *nl_task)
-    judge.inject(fault, count=ATTEMPTS)
+    judge.inject(fault, count=JUDGE_ATTEMPTS)
     with pytest.raises(Tau2JudgeError, match=cause):
         worker.verify(episode_id, messages, "user_stop")
     # Nothing was scored and the episode is still there: grading it again, with the judge back, gives the score.

@@ -14,30 +14,12 @@ from pathlib import Path
 import pytest
 
 from nemo_tau2.tau2_release.client import Tau2Worker
-from nemo_tau2.tau2_release.config import NLJudgeConfig, Tau2ReleaseConfig
-from nemo_tau2.testing.scripted_judge import ScriptedJudge
 from tests.tau2_v1_env import tau2_v1_python
-from tests.unit.tau2_release.episode_scripts import JUDGE_FAIL_MARKER, episode_scripts
+from tests.unit.tau2_release.episode_scripts import episode_scripts
 from tests.unit.tau2_release.worker_episodes import play, summary
 
 DOMAINS = ("airline", "retail", "telecom")
 REFERENCE = Path(__file__).with_name("v1_reference.py")
-
-
-@pytest.fixture(scope="module")
-def judge():
-    server = ScriptedJudge(fail_marker=JUDGE_FAIL_MARKER)
-    yield server
-    server.close()
-
-
-@pytest.fixture(scope="module")
-def worker(judge):
-    config = Tau2ReleaseConfig(
-        version="v1.0.1", python=tau2_v1_python(), judge=NLJudgeConfig(model="scripted-judge", base_url=judge.base_url)
-    )
-    with Tau2Worker(config) as started:
-        yield started
 
 
 def judged(task: dict) -> bool:
@@ -45,18 +27,19 @@ def judged(task: dict) -> bool:
     return "NL_ASSERTION" in criteria.get("reward_basis", []) and bool(criteria.get("nl_assertions"))
 
 
-# What CI compares on every run (the whole base set, 834 episodes, is the opt-in test below): every task whose gold
-# writes v1.0.1 changed, the first retail tasks with NL assertions (the new judged scoring), a few of the rest.
-CHANGED_GOLD = {"airline": ["2", "7", "9", "23", "27", "29", "33", "35", "37", "38", "44"],
-                "retail": ["12", "13", "18", "91", "107"]}  # fmt: skip
+# What CI compares on every run (the whole base set, 834 episodes, is the opt-in test below; 10 min for the former
+# 40-task selection on a loaded box was too much of CI): a share of the tasks whose gold writes v1.0.1 changed, the
+# first retail tasks with NL assertions (the new judged scoring), the first two of each domain.
+CHANGED_GOLD = {"airline": ["2", "23", "38", "44"], "retail": ["12", "107"]}
+JUDGED_RETAIL_TASKS = 4
 FULL_PARITY_ENV = "NEMO_TAU2_V1_FULL_PARITY"
 
 
 def ci_selection(tasks: dict[str, list[dict]]) -> dict[str, list[dict]]:
-    judged_retail = [task for task in tasks["retail"] if judged(task)][:12]
+    judged_retail = [task for task in tasks["retail"] if judged(task)][:JUDGED_RETAIL_TASKS]
     chosen = {}
     for domain in DOMAINS:
-        ids = set(CHANGED_GOLD.get(domain, [])) | {task["id"] for task in tasks[domain][:4]}
+        ids = set(CHANGED_GOLD.get(domain, [])) | {task["id"] for task in tasks[domain][:2]}
         ids |= {task["id"] for task in judged_retail} if domain == "retail" else set()
         chosen[domain] = [task for task in tasks[domain] if task["id"] in ids]
     return chosen
@@ -95,7 +78,8 @@ def compare(worker: Tau2Worker, judge, full: bool) -> tuple[dict, list[str]]:
 
 def test_changed_and_judged_tasks_score_as_tau2_v1_scores_them(worker, judge):
     ours, judged_tasks = compare(worker, judge, full=False)
-    assert len(judged_tasks) >= 12 and all(ours[key]["reward"] == 1.0 for key in ours if key.endswith("/oracle"))
+    assert len(judged_tasks) >= JUDGED_RETAIL_TASKS
+    assert all(ours[key]["reward"] == 1.0 for key in ours if key.endswith("/oracle"))
     assert all(ours[f"{task}/wrong_message"]["reward"] == 0.0 for task in judged_tasks)
     assert {key.split("/")[0] for key in ours} == set(DOMAINS)
 
