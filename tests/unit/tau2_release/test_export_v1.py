@@ -36,25 +36,36 @@ def scored_episodes(worker: Tau2Worker, domain: str) -> list[dict]:
     return episodes
 
 
-@pytest.mark.parametrize("domain", ["airline", "retail", "telecom"])
-def test_tau2_evaluate_trajs_rescores_our_export_to_the_same_rewards(worker, judge, tmp_path, domain):
-    episodes = scored_episodes(worker, domain)
-    results_file = tmp_path / f"{domain}.json"
-    worker.request("export", path=str(results_file), domain=domain, run=RUN, episodes=episodes)
+DOMAINS = ("airline", "retail", "telecom")
 
-    rescored_dir = tmp_path / "rescored"
+
+@pytest.fixture(scope="module")
+def rescored(worker, judge, tmp_path_factory) -> dict[str, tuple[list[dict], dict]]:
+    """Per domain: our scored episodes, and tau2's re-scoring of their export (one ``evaluate-trajs`` for all)."""
+    folder = tmp_path_factory.mktemp("export")
+    episodes = {domain: scored_episodes(worker, domain) for domain in DOMAINS}
+    files = [str(folder / f"{domain}.json") for domain in DOMAINS]
+    for domain, path in zip(DOMAINS, files, strict=True):
+        worker.request("export", path=path, domain=domain, run=RUN, episodes=episodes[domain])
+    rescored_dir = folder / "rescored"
     done = subprocess.run(
-        [tau2_v1_python(), str(RESCORE), judge.base_url, str(results_file), str(rescored_dir)],
+        [tau2_v1_python(), str(RESCORE), judge.base_url, str(rescored_dir), *files],
         capture_output=True,
         text=True,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    rescored = json.loads((rescored_dir / f"updated_{domain}.json").read_text())
+    return {d: (episodes[d], json.loads((rescored_dir / f"updated_{d}.json").read_text())) for d in DOMAINS}
+
+
+@pytest.mark.parametrize("domain", DOMAINS)
+def test_tau2_evaluate_trajs_rescores_our_export_to_the_same_rewards(rescored, domain):
+    episodes, rescored_file = rescored[domain]
     ours = [episode["reward_info"]["reward"] for episode in episodes]
-    theirs = [simulation["reward_info"]["reward"] for simulation in rescored["simulations"]]
+    theirs = [simulation["reward_info"]["reward"] for simulation in rescored_file["simulations"]]
     assert theirs == ours
     assert 0.0 in ours and 1.0 in ours  # the export holds passes and failures
-    assert rescored["info"]["user_info"]["llm"] == "user-sim" and rescored["info"]["agent_info"]["llm"] == "policy"
+    info = rescored_file["info"]
+    assert info["user_info"]["llm"] == "user-sim" and info["agent_info"]["llm"] == "policy"
 
 
 def test_export_refuses_bad_run_settings_in_one_line(worker, tmp_path):
