@@ -17,8 +17,9 @@ import pytest
 import requests
 from ray.cluster_utils import Cluster
 
+from nemo_tau2.algorithms.grpo_config import GRPOMasterConfig
 from nemo_tau2.cluster import ClusterConfig, import_ray
-from nemo_tau2.config import ConfigError, validate_config
+from nemo_tau2.config import ConfigError, apply_overrides, load_config, validate_config
 from nemo_tau2.evals.config import EvalMasterConfig
 from nemo_tau2.experience.rollouts import OK, SamplingParams, run_nemo_gym_rollout_sync
 from nemo_tau2.generation import GenerationConfig
@@ -29,6 +30,7 @@ from nemo_tau2.gym.stack import AGENT, POLICY_MODEL, RESOURCES_SERVER, USER_MODE
 from nemo_tau2.tau2_env.gym_rows import task_row
 
 GYM = "gym_cpu"
+GRPO_SMOKE = Path(__file__).parents[3] / "examples" / "configs" / "grpo_tau2_cpu_smoke.yaml"
 SAMPLING = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=512)
 RESOURCES = [RESOURCES_SERVER, f"{RESOURCES_SERVER}_1"]
 AGENTS = [AGENT, f"{AGENT}_1"]
@@ -49,6 +51,8 @@ def cluster():
     cluster.wait_for_nodes()
     yield cluster, workers
     ray.shutdown()
+    for node in [*cluster.worker_nodes, cluster.head_node]:  # no graceful wait: the servers are stopped already
+        cluster.remove_node(node, allow_graceful=False)
     cluster.shutdown()
 
 
@@ -114,6 +118,11 @@ def test_cluster_keys_are_checked_with_a_one_line_fix():
         validate_config(base | {"env": {"nemo_gym": {"agent_replicas": 2}}}, EvalMasterConfig)
     cfg = validate_config(base | {"cluster": {"ray_address": "auto", "gym_placement": "ray"}}, EvalMasterConfig)
     assert cfg.cluster.ray_address == "auto" and cfg.cluster.num_nodes == 1
+    grpo = apply_overrides(load_config(GRPO_SMOKE), ["++env.nemo_gym.resources_replicas=2"])
+    with pytest.raises(ConfigError, match=r"set cluster.gym_placement=ray"):
+        validate_config(grpo, GRPOMasterConfig)
+    with pytest.raises(ConfigError, match=r"cluster.gym_node_resource: .*custom resource name"):
+        validate_config(apply_overrides(grpo, ["++cluster.gym_node_resource=GPU"]), GRPOMasterConfig)
 
 
 def test_each_replica_runs_on_a_gym_node_and_binds_the_address_its_node_reports(cluster, environment):
@@ -172,7 +181,7 @@ def test_a_lost_node_fails_only_the_episodes_it_held_and_leaves_no_process(clust
     while requests.get(servers.url(AGENTS[1]) + "/progress", timeout=10).json()["running_episodes"] < 1:
         assert time.monotonic() < deadline, "no episode reached the agent on the node to lose"
         time.sleep(0.1)
-    cluster[0].remove_node(next(w for w in cluster[1] if w.node_id == lost))
+    cluster[0].remove_node(next(w for w in cluster[1] if w.node_id == lost), allow_graceful=False)  # a crash
     run.join(timeout=300)
     assert not run.is_alive() and len(results) == 12
     failed = {(r.domain, r.task_id) for r in results if r.status != OK}
