@@ -89,7 +89,7 @@ class RayGymServers(GymServers):
         self._ray: Any = None
         self._ray_stack = ExitStack()
         self._placement_groups: list[Any] = []
-        self._launchers: dict[str, Any] = {}  # node id -> its GymNodeLauncher
+        self.launchers: dict[str, Any] = {}  # node id -> its GymNodeLauncher
 
     def start(self) -> "RayGymServers":
         began = time.perf_counter()
@@ -101,23 +101,23 @@ class RayGymServers(GymServers):
             classes = sorted({spec.server_class for spec in self.specs})
             launcher_class = ray.remote(num_cpus=0, max_restarts=0)(GymNodeLauncher)
             for node_id in sorted(set(nodes.values())):
-                self._launchers[node_id] = launcher_class.options(
+                self.launchers[node_id] = launcher_class.options(
                     scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
                         node_id, soft=False
                     )
                 ).remote(classes, str(self.log_dir), self.extra_env)
-            reports = ray.get([launcher.where.remote() for launcher in self._launchers.values()])
+            reports = ray.get([launcher.where.remote() for launcher in self.launchers.values()])
             where = {report["node_id"]: report for report in reports}
             for group_index, group in enumerate(self.groups):
                 node = where[nodes[group_index]]
-                ports = ray.get(self._launchers[node["node_id"]].free_ports.remote(len(group.specs)))
+                ports = ray.get(self.launchers[node["node_id"]].free_ports.remote(len(group.specs)))
                 for spec, port in zip(group.specs, ports, strict=True):
                     spec.host, spec.port = node["ip"], port
                     self.placement[spec.name] = node
             self.global_config = gym_global_config(self.specs, "127.0.0.1")
             config_yaml = OmegaConf.to_yaml(self.global_config)
             spawned = [
-                self._launchers[self.placement[spec.name]["node_id"]].spawn.remote(
+                self.launchers[self.placement[spec.name]["node_id"]].spawn.remote(
                     spec.name,
                     spec.server_class,
                     config_yaml,
@@ -137,7 +137,7 @@ class RayGymServers(GymServers):
             raise
         self.startup_s = time.perf_counter() - began
         logger.info(
-            "%d Gym servers up on %d Ray nodes in %.1f s", len(self.specs), len(self._launchers), self.startup_s
+            "%d Gym servers up on %d Ray nodes in %.1f s", len(self.specs), len(self.launchers), self.startup_s
         )
         return self
 
@@ -171,7 +171,7 @@ class RayGymServers(GymServers):
         if self._ray is None:
             return []
         exits = []
-        for node_id, launcher in self._launchers.items():
+        for node_id, launcher in self.launchers.items():
             try:
                 exits.extend(self._ray.get(launcher.exits.remote(), timeout=30))
             except self._ray.exceptions.RayError:
@@ -188,16 +188,16 @@ class RayGymServers(GymServers):
         """Stop every server, kill the launchers, remove the placement groups (idempotent; a lost node is skipped)."""
         ray = self._ray
         if ray is not None and ray.is_initialized():
-            stopping = [launcher.stop.remote() for launcher in self._launchers.values()]
+            stopping = [launcher.stop.remote() for launcher in self.launchers.values()]
             with contextlib.suppress(ray.exceptions.RayError):
                 ray.wait(stopping, num_returns=len(stopping), timeout=15)
-            for launcher in self._launchers.values():
+            for launcher in self.launchers.values():
                 with contextlib.suppress(ray.exceptions.RayError, ValueError):
                     ray.kill(launcher)
             for pg in self._placement_groups:
                 with contextlib.suppress(ray.exceptions.RayError, ValueError):
                     ray.util.remove_placement_group(pg)
-        self._launchers, self._placement_groups = {}, []
+        self.launchers, self._placement_groups = {}, []
         self._ray_stack.close()
 
 

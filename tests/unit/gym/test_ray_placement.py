@@ -44,8 +44,8 @@ POSTED = re.compile(r'"POST (/\S*) HTTP')
 def cluster():
     ray = import_ray()
     small = {"object_store_memory": 80 * 1024**2}
-    cluster = Cluster(
-        initialize_head=True, connect=True, head_node_args={"num_cpus": 1, "resources": {"fake_gpu": 1}, **small}
+    cluster = Cluster(  # not connected: the run joins it through cluster.ray_address, as on a real cluster
+        initialize_head=True, connect=False, head_node_args={"num_cpus": 1, "resources": {"fake_gpu": 1}, **small}
     )
     workers = [cluster.add_node(num_cpus=2, resources={GYM: 2}, **small) for _ in range(2)]
     cluster.wait_for_nodes()
@@ -69,7 +69,7 @@ def environment(cluster, tmp_path_factory):
             resources_retry=RetryConfig(timeout_s=30, max_attempts=2, backoff_s=0.2),
         ),
         log_dir=tmp_path_factory.mktemp("server_logs"),
-        cluster=ClusterConfig(gym_placement="ray", gym_node_resource=GYM),
+        cluster=ClusterConfig(ray_address=cluster[0].address, gym_placement="ray", gym_node_resource=GYM),
     )
     with Tau2Environment(spec) as env:
         yield env
@@ -198,9 +198,16 @@ def test_a_lost_node_fails_only_the_episodes_it_held_and_leaves_no_process(clust
     while any(_alive(pid) for pid in lost_pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(_alive(pid) for pid in lost_pids)
+    (survivor,) = set(servers.launchers) - {lost}
+    survivors = [servers.pid(name) for name, node in servers.placement.items() if node["node_id"] == survivor]
+    import_ray().kill(servers.launchers[survivor])  # the launcher actor ends: its node's servers with it
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in survivors) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in survivors)
     pids, ports = servers.process_ids(), [int(url.rsplit(":", 1)[1]) for url in map(servers.url, servers.placement)]
-    environment.stop()  # the survivors: stopped, launchers killed, placement groups removed
-    assert not [pid for pid in pids if _alive(pid)]
+    environment.stop()  # placement groups removed, the run's Ray connection closed
+    assert not [pid for pid in pids if _alive(pid)]  # the fork servers too
     for port in ports:  # nothing holds a port
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", port))
