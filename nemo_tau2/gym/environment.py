@@ -7,6 +7,11 @@ server starts first, so their imports overlap the endpoints' start-up. Everythin
 project's environment. GRPO passes the policy endpoint it already serves (the weights being trained) instead of a
 config.
 
+With ``cluster.gym_placement=ray`` the Gym servers are placed on a Ray cluster instead
+(:mod:`nemo_tau2.gym.ray_servers`): ``env.nemo_gym.agent_replicas`` agents, each with its own model servers, and
+``resources_replicas`` resources servers, each bound to its node's address; ``agent_urls`` then lists every agent
+replica, and the rollout spreads episodes over them.
+
 (The step-by-step environment researchers drive themselves is ``nemo_tau2.env_api.Tau2Env``.)
 """
 
