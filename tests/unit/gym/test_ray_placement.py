@@ -6,8 +6,12 @@ resources replicas run there, the scripted fake engine plays policy and user. Wh
 (the resources servers' "session seeded", the agents' "episode started", uvicorn's access lines) is the evidence.
 """
 
+import json
 import re
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -211,3 +215,43 @@ def test_a_lost_node_fails_only_the_episodes_it_held_and_leaves_no_process(clust
     for port in ports:  # nothing holds a port
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", port))
+
+
+HEAD_RUN = """
+import json, sys, time
+from nemo_tau2.cluster import ClusterConfig
+from nemo_tau2.gym.launch import ServerSpec
+from nemo_tau2.gym.ray_servers import RayGymServers
+from nemo_tau2.gym.stack import RESOURCES_SERVER_CLASS, ServerGroup
+
+spec = ServerSpec("tau2_resources_server", "resources_servers", "tau2", RESOURCES_SERVER_CLASS, {"domain": "agent"})
+cluster = ClusterConfig(ray_address=sys.argv[1], gym_placement="ray", gym_node_resource="gym_cpu")
+with RayGymServers([ServerGroup("resources", [spec])], cluster, log_dir=sys.argv[2]) as servers:
+    print("SERVING", json.dumps({"pids": servers.process_ids(), "url": servers.url(spec.name)}), flush=True)
+    while True:
+        time.sleep(1)
+"""
+
+
+def test_ctrl_c_on_the_head_process_stops_its_ray_placed_servers(cluster, tmp_path):
+    head = subprocess.Popen(
+        [sys.executable, "-c", HEAD_RUN, cluster[0].address, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as from a terminal
+    )
+    try:
+        lines = iter(head.stdout.readline, "")  # Ray may print its own lines to the driver's stdout
+        started = json.loads(next((line for line in lines if line.startswith("SERVING ")), " {}").split(" ", 1)[1])
+        assert started, "the head process did not start its servers"
+        assert requests.get(started["url"] + "/", timeout=10).ok
+        head.send_signal(signal.SIGINT)
+        head.wait(timeout=60)
+    finally:
+        head.kill()
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in started["pids"]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in started["pids"])
+    with socket.socket() as sock:  # its port is free again
+        sock.bind(("127.0.0.1", int(started["url"].rsplit(":", 1)[1])))
