@@ -131,7 +131,10 @@ class RayGymServers(GymServers):
             self._wait_healthy(began)
         except (ForkServerError, ray.exceptions.RayError) as e:
             self.stop()
-            raise ServerStartError(f"the Gym servers could not start on the Ray cluster: {e}") from None
+            cause = getattr(e, "cause", None) or e  # an actor's error: the original, not Ray's traceback
+            raise ServerStartError(
+                f"the Gym servers could not start on the Ray cluster: {type(cause).__name__}: {cause}"
+            ) from None
         except BaseException:
             self.stop()
             raise
@@ -145,6 +148,7 @@ class RayGymServers(GymServers):
         """Reserve a bundle per server group (a placement group per role); group index -> the node holding it."""
         ray = self._ray
         bundle = {"CPU": 1} | ({self.cluster.gym_node_resource: 1} if self.cluster.gym_node_resource else {})
+        _check_room(ray, bundle, len(self.groups))
         roles = sorted({group.role for group in self.groups})
         indices = {role: [i for i, group in enumerate(self.groups) if group.role == role] for role in roles}
         for role in roles:
@@ -199,6 +203,19 @@ class RayGymServers(GymServers):
                     ray.util.remove_placement_group(pg)
         self.launchers, self._placement_groups = {}, []
         self._ray_stack.close()
+
+
+def _check_room(ray: Any, bundle: dict[str, float], count: int) -> None:
+    """Refuse at once a placement the whole cluster could never hold (Ray would wait for nodes forever)."""
+    total = ray.cluster_resources()
+    short = {key: amount * count for key, amount in bundle.items() if total.get(key, 0) < amount * count}
+    if short:
+        raise ServerStartError(
+            f"the Ray cluster cannot hold {count} Gym server bundles of {bundle}: it has "
+            f"{ {key: total.get(key, 0) for key in short} } in all, {short} are needed; start Gym nodes with "
+            "ray start --resources='{\"<cluster.gym_node_resource>\": N}' (and CPUs), or lower "
+            "env.nemo_gym.agent_replicas / resources_replicas"
+        )
 
 
 def _node_resources(ray: Any) -> str:

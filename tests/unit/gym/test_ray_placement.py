@@ -30,7 +30,16 @@ from nemo_tau2.generation import GenerationConfig
 from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec
 from nemo_tau2.gym.episode_config import NemoGymEnvConfig
 from nemo_tau2.gym.http_client import RetryConfig
-from nemo_tau2.gym.stack import AGENT, POLICY_MODEL, RESOURCES_SERVER, USER_MODEL
+from nemo_tau2.gym.launch import ServerSpec, ServerStartError
+from nemo_tau2.gym.ray_servers import RayGymServers
+from nemo_tau2.gym.stack import (
+    AGENT,
+    POLICY_MODEL,
+    RESOURCES_SERVER,
+    RESOURCES_SERVER_CLASS,
+    USER_MODEL,
+    ServerGroup,
+)
 from nemo_tau2.tau2_env.gym_rows import task_row
 
 GYM = "gym_cpu"
@@ -127,6 +136,15 @@ def test_cluster_keys_are_checked_with_a_one_line_fix():
         validate_config(grpo, GRPOMasterConfig)
     with pytest.raises(ConfigError, match=r"cluster.gym_node_resource: .*custom resource name"):
         validate_config(apply_overrides(grpo, ["++cluster.gym_node_resource=GPU"]), GRPOMasterConfig)
+
+
+def test_a_placement_the_cluster_cannot_hold_is_refused_at_once_naming_the_fix(cluster, tmp_path):
+    spec = ServerSpec(RESOURCES_SERVER, "resources_servers", "tau2", RESOURCES_SERVER_CLASS, {"domain": "agent"})
+    config = ClusterConfig(ray_address=cluster[0].address, gym_placement="ray", gym_node_resource="gpu_free_cpu")
+    began = time.monotonic()
+    with pytest.raises(ServerStartError, match=r"cannot hold 1 Gym server bundles .* ray start --resources="):
+        RayGymServers([ServerGroup("resources", [spec])], config, log_dir=tmp_path).start()
+    assert time.monotonic() - began < 60  # not the startup timeout
 
 
 def test_each_replica_runs_on_a_gym_node_and_binds_the_address_its_node_reports(cluster, environment):
