@@ -218,7 +218,8 @@ async def _post_episode(http: aiohttp.ClientSession, router: ReplicaRouter, key:
     A replica that refuses the connection never got the request: it is set aside and the next one is tried. One
     that drops the connection mid-episode (lost with its node) is set aside too, and the episode is an
     infrastructure error: it cannot be resumed elsewhere."""
-    for attempt in range(len(router.urls)):
+    refused: dict[str, str] = {}
+    for _ in router.urls:  # each replica at most once
         with router.call(key) as url:
             try:
                 async with http.post(
@@ -226,15 +227,14 @@ async def _post_episode(http: aiohttp.ClientSession, router: ReplicaRouter, key:
                 ) as response:
                     raw = await response.read()
                     return response.status, orjson.loads(raw)
-            except aiohttp.ClientConnectorError as e:
+            except aiohttp.ClientConnectorError as e:  # never reached the replica: safe to send elsewhere
                 router.unreachable(url)
-                if attempt + 1 == len(router.urls):
-                    return 0, {"error": f"{type(e).__name__}: {e}"}
+                refused = {"error": f"{type(e).__name__}: {e}"}
             except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as e:
                 if isinstance(e, aiohttp.ClientConnectionError):
                     router.unreachable(url)
                 return 0, {"error": f"{type(e).__name__}: {e} ({url})"}
-    raise AssertionError("unreachable: the loop returns")
+    return 0, refused
 
 
 async def run_async_nemo_gym_rollout(

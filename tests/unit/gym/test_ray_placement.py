@@ -119,6 +119,16 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _assert_free(url: str) -> None:
+    """Nothing listens on the server's address and port any more (it bound its node's address, not 127.0.0.1).
+    SO_REUSEADDR, as servers bind: a closed connection's TIME_WAIT does not count, a listener still does."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, int(port)))
+        sock.listen()
+
+
 def test_cluster_keys_are_checked_with_a_one_line_fix():
     base = {
         "eval": {"save_path": "x"},
@@ -227,12 +237,11 @@ def test_a_lost_node_fails_only_the_episodes_it_held_and_leaves_no_process(clust
     while any(_alive(pid) for pid in survivors) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(_alive(pid) for pid in survivors)
-    pids, ports = servers.process_ids(), [int(url.rsplit(":", 1)[1]) for url in map(servers.url, servers.placement)]
+    pids, urls = servers.process_ids(), [servers.url(name) for name in servers.placement]
     environment.stop()  # placement groups removed, the run's Ray connection closed
     assert not [pid for pid in pids if _alive(pid)]  # the fork servers too
-    for port in ports:  # nothing holds a port
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", port))
+    for url in urls:
+        _assert_free(url)
 
 
 HEAD_RUN = """
@@ -271,5 +280,4 @@ def test_ctrl_c_on_the_head_process_stops_its_ray_placed_servers(cluster, tmp_pa
     while any(_alive(pid) for pid in started["pids"]) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(_alive(pid) for pid in started["pids"])
-    with socket.socket() as sock:  # its port is free again
-        sock.bind(("127.0.0.1", int(started["url"].rsplit(":", 1)[1])))
+    _assert_free(started["url"])
