@@ -25,6 +25,7 @@ from nemo_tau2.algorithms.grpo_config import GRPOMasterConfig
 from nemo_tau2.cluster import ClusterConfig, import_ray
 from nemo_tau2.config import ConfigError, apply_overrides, load_config, validate_config
 from nemo_tau2.evals.config import EvalMasterConfig
+from nemo_tau2.evals.eval import setup_eval
 from nemo_tau2.experience.rollouts import OK, SamplingParams, run_nemo_gym_rollout_sync
 from nemo_tau2.generation import GenerationConfig
 from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec
@@ -44,6 +45,7 @@ from nemo_tau2.tau2_env.gym_rows import task_row
 
 GYM = "gym_cpu"
 GRPO_SMOKE = Path(__file__).parents[3] / "examples" / "configs" / "grpo_tau2_cpu_smoke.yaml"
+EVAL_FAKE = Path(__file__).parents[3] / "examples" / "configs" / "evals" / "tau2_fake.yaml"
 SAMPLING = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=512)
 RESOURCES = [RESOURCES_SERVER, f"{RESOURCES_SERVER}_1"]
 AGENTS = [AGENT, f"{AGENT}_1"]
@@ -129,18 +131,20 @@ def _assert_free(url: str) -> None:
         sock.listen()
 
 
-def test_cluster_keys_are_checked_with_a_one_line_fix():
-    base = {
-        "eval": {"save_path": "x"},
-        "policy": {"generation": {"backend": "fake", "temperature": 1.0, "top_p": 1.0}},
-    }
-    base["data"] = {"domains": ["airline"]}
+def test_cluster_keys_are_checked_with_a_one_line_fix_and_reach_the_eval():
+    def eval_config(*overrides: str) -> EvalMasterConfig:  # as run_eval.py reads it (NeMo-RL layout translation)
+        return setup_eval(apply_overrides(load_config(EVAL_FAKE), list(overrides)))
+
     with pytest.raises(ConfigError, match=r"cluster.ray_address: .*set cluster.ray_address=auto"):
-        validate_config(base | {"cluster": {"ray_address": "not an address"}}, EvalMasterConfig)
+        eval_config("cluster.ray_address=not an address")
     with pytest.raises(ConfigError, match=r"set cluster.gym_placement=ray"):
-        validate_config(base | {"env": {"nemo_gym": {"agent_replicas": 2}}}, EvalMasterConfig)
-    cfg = validate_config(base | {"cluster": {"ray_address": "auto", "gym_placement": "ray"}}, EvalMasterConfig)
-    assert cfg.cluster.ray_address == "auto" and cfg.cluster.num_nodes == 1
+        eval_config("env.nemo_gym.agent_replicas=2")
+    cfg = eval_config(
+        "cluster.ray_address=auto", "cluster.gym_placement=ray", "cluster.gym_node_resource=gym_cpu",
+        "env.nemo_gym.agent_replicas=2",
+    )  # fmt: skip
+    assert cfg.cluster == ClusterConfig(ray_address="auto", gym_placement="ray", gym_node_resource=GYM)
+    assert cfg.gym_env().agent_replicas == 2
     grpo = apply_overrides(load_config(GRPO_SMOKE), ["++env.nemo_gym.resources_replicas=2"])
     with pytest.raises(ConfigError, match=r"set cluster.gym_placement=ray"):
         validate_config(grpo, GRPOMasterConfig)
