@@ -11,10 +11,10 @@ per node, one process per server) and starts that node's servers, each bound to 
 there. The launcher reports the address, ports and pids back: every URL in the NeMo-Gym global config the servers
 share comes from the node the server runs on.
 
-Lifetimes: the fork server dies with its launcher and the servers with the fork server (``PR_SET_PDEATHSIG``), so
-killing a launcher, losing its node or the head process ending (Ray ends the actors a driver owned) leaves no server
-holding a port. :meth:`RayGymServers.stop` (also on exit, Ctrl-C or error) stops them, kills the launchers and
-removes the placement groups.
+Lifetimes: the fork server stops its servers and exits when its launcher dies (its control socket closes; and
+``PR_SET_PDEATHSIG``), so killing a launcher, losing its node or the head process ending (Ray ends the actors a
+driver owned) leaves no server holding a port. :meth:`RayGymServers.stop` (also on exit, Ctrl-C or error) stops
+them, kills the launchers and removes the placement groups.
 """
 
 import contextlib
