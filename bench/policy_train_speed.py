@@ -41,10 +41,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import nemo_tau2  # noqa: F401  (offline settings first)
 from nemo_tau2.algorithms.loss import ClippedPGLossConfig, ClippedPGLossFn, NLLLossFn
+from nemo_tau2.cluster import import_ray
 from nemo_tau2.generation import GenerationConfig, start_generation
 from nemo_tau2.generation.tiny_model import SMOLLM2_135M_SHAPE, build_tiny_model
 from nemo_tau2.models.policy import Policy, PolicyConfig, TrainingSequence
-from nemo_tau2.models.policy.workers import _import_ray
 
 LOSS = ClippedPGLossFn(ClippedPGLossConfig(reference_policy_kl_penalty=0.0))
 LENGTHS = Path(__file__).parent / "data" / "tau2_test_episode_lengths.json"
@@ -147,7 +147,7 @@ def _packing_comparison(args, model, tokenizer, fields: dict) -> dict:
 
 
 def _sharding_comparison(args, model, tokenizer, fields: dict) -> dict:
-    ray = _import_ray()
+    ray = import_ray()
     ray.init(num_cpus=4, include_dashboard=False, configure_logging=False)  # both 2-rank groups alive at once
     try:
         out = _compare(args, model, tokenizer, fields, {

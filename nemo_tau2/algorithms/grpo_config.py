@@ -14,9 +14,9 @@ from nemo_tau2.algorithms.loss import ClippedPGLossConfig
 from nemo_tau2.algorithms.reward_shaping import RewardShapingConfig
 from nemo_tau2.algorithms.sampling import SamplingConfig
 from nemo_tau2.algorithms.tiny_policy import TinyPolicyConfig
+from nemo_tau2.cluster import ClusterConfig
 from nemo_tau2.generation.validation import GymGenerationConfig
-from nemo_tau2.gym.episode_config import NemoGymEnvConfig, UserSimulatorConfig
-from nemo_tau2.models.memory_plan import ClusterConfig
+from nemo_tau2.gym.episode_config import CLUSTER_FOR_REPLICAS, NemoGymEnvConfig, UserSimulatorConfig
 from nemo_tau2.models.policy.checkpoint import CheckpointingConfig
 from nemo_tau2.models.policy.config import PolicyConfig
 from nemo_tau2.tau2_env import DOMAINS
@@ -137,6 +137,9 @@ class GRPOMasterConfig(_Strict):
             problems.append("policy.generation is required: the backend serving the current weights to rollouts")
         if not self.env.nemo_gym.return_token_ids:
             problems.append("env.nemo_gym.return_token_ids must be true: training needs the generated token ids")
+        gym = self.env.nemo_gym
+        if gym.agent_replicas * gym.resources_replicas > 1 and self.cluster.gym_placement != "ray":
+            problems.append(CLUSTER_FOR_REPLICAS)
         shaping = self.grpo.reward_shaping
         if shaping.enabled and self.data.domains:
             missing = [d for d in self.data.domains if d not in shaping.domain_scale]

@@ -15,8 +15,8 @@ from nemo_tau2.algorithms.grpo_config import GRPODataConfig, GRPOEnvConfig, GRPO
 from nemo_tau2.algorithms.reward_shaping import RewardShapingConfig
 from nemo_tau2.algorithms.sft_data import TEST_SPLIT
 from nemo_tau2.algorithms.tiny_policy import TinyPolicyConfig
+from nemo_tau2.cluster import ClusterConfig
 from nemo_tau2.evals.config import UserSimulatorConfig
-from nemo_tau2.models.memory_plan import ClusterConfig
 from nemo_tau2.models.policy.checkpoint import CheckpointingConfig
 
 

@@ -11,8 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from nemo_tau2.algorithms.grpo_config import GRPOEnvConfig, GRPOPolicyConfig, LoggerConfig
 from nemo_tau2.algorithms.tiny_policy import TinyPolicyConfig
+from nemo_tau2.cluster import ClusterConfig
 from nemo_tau2.evals.config import UserSimulatorConfig
-from nemo_tau2.models.memory_plan import ClusterConfig
 from nemo_tau2.models.policy.checkpoint import CheckpointingConfig
 from nemo_tau2.tau2_env import DOMAINS
 

@@ -89,7 +89,8 @@ def start_rollout_stack(
 ) -> tuple[GenerationHandle, Tau2Environment]:
     """The generation backend serving the policy's weights and the tau2 Gym servers playing episodes against it.
 
-    Both are closed by ``resources``. Reads ``policy.generation``, ``user``, ``env.nemo_gym`` and ``logger.log_dir``.
+    Both are closed by ``resources``. Reads ``policy.generation``, ``user``, ``env.nemo_gym``, ``cluster`` (where the
+    Gym servers run) and ``logger.log_dir``.
     """
     generation = resources.enter_context(start_generation(cfg.policy.generation))
     spec = Tau2EnvironmentSpec(
@@ -98,6 +99,7 @@ def start_rollout_stack(
         domains=sorted(set(domain_names)),
         gym=cfg.env.nemo_gym,
         log_dir=Path(cfg.logger.log_dir) / "server_logs",
+        cluster=cfg.cluster,
     )
     environment = resources.enter_context(Tau2Environment(spec))
     return generation, environment

@@ -253,7 +253,7 @@ class AsyncTau2Env:
 
     def _new_session(self) -> Tau2Session:
         if self._gym_servers is not None:
-            return HttpTau2Session(self._http, self._gym_servers.resources_server, self.settings.resources_retry)
+            return HttpTau2Session(self._http, [self._gym_servers.resources_server], self.settings.resources_retry)
         return LocalTau2Session()
 
     async def _end_episode(self) -> None:

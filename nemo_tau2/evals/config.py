@@ -10,8 +10,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from nemo_tau2.cluster import ClusterConfig
 from nemo_tau2.generation.validation import GREEDY_NOT_ALLOWED, GymGenerationConfig
-from nemo_tau2.gym.episode_config import NemoGymEnvConfig, UserSimulatorConfig
+from nemo_tau2.gym.episode_config import CLUSTER_FOR_REPLICAS, NemoGymEnvConfig, UserSimulatorConfig
 from nemo_tau2.tau2_env import DOMAINS
 from nemo_tau2.tau2_release.config import GYM_SERVES_ONLY_V021, Tau2ReleaseConfig
 from nemo_tau2.utils.metrics_logger import LoggerConfig
@@ -106,6 +107,7 @@ class EvalMasterConfig(_Strict):
     env: EvalEnvConfig = EvalEnvConfig()
     logger: EvalLoggerConfig = EvalLoggerConfig()
     tau2: Tau2ReleaseConfig = Field(default_factory=Tau2ReleaseConfig, description="Which tau2 release scores.")
+    cluster: ClusterConfig = ClusterConfig()
 
     @model_validator(mode="after")
     def _mode_settings(self) -> "EvalMasterConfig":
@@ -119,6 +121,9 @@ class EvalMasterConfig(_Strict):
                 problems.append("data.domains (or data.data_path with Gym rows) is required for nemo_gym rollouts")
             if self.data.domains and not self.data.data_path and self.data.split is None:
                 problems.append("data.split is required with data.domains; set data.split=test (or train, base)")
+            gym = self.gym_env()
+            if gym.agent_replicas * gym.resources_replicas > 1 and self.cluster.gym_placement != "ray":
+                problems.append(CLUSTER_FOR_REPLICAS)
             for key in ("prompt_key", "answer_key"):
                 if key in self.data.model_fields_set:
                     problems.append(f"data.{key} applies only to rollout_mode=single_turn; remove it")

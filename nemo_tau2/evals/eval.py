@@ -107,6 +107,7 @@ def environment_spec(cfg: EvalMasterConfig, rows: Sequence[dict], log_dir: Path)
         domains=sorted({str(row["domain"]) for row in rows}),
         gym=cfg.gym_env(),
         log_dir=log_dir,
+        cluster=cfg.cluster,
     )
 
 

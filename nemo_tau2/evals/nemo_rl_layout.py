@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
+from nemo_tau2.cluster import ClusterConfig
 from nemo_tau2.config import ConfigError
 
 # Accepted keys whose value changes nothing here, and why (README "Coming from NeMo-RL" lists them too).
@@ -73,9 +74,9 @@ class Translation:
 
 
 class _Problems(list):
-    def unknown(self, block: dict, allowed: set[str], key: str) -> None:
+    def unknown(self, block: dict, allowed: set[str], key: str, owner: str = "NeMo-RL's {key} block has") -> None:
         for name in sorted(set(block) - allowed):
-            self.append(f"{key}.{name}: unknown key (NeMo-RL's {key} block has: {', '.join(sorted(allowed))})")
+            self.append(f"{key}.{name}: unknown key ({owner.format(key=key)}: {', '.join(sorted(allowed))})")
 
 
 def _mapping(value: Any, key: str, problems: _Problems) -> dict:
@@ -109,8 +110,8 @@ def translate_eval_config(data: dict[str, Any], *, config_name: str = "eval") ->
     mode = eval_block.get("rollout_mode", "nemo_gym")
 
     generation_key = _move_generation(data, problems)
-    cluster = _mapping(data.pop("cluster", None), "cluster", problems)
-    problems.unknown(cluster, _CLUSTER_KEYS, "cluster")
+    cluster = _mapping(data.get("cluster"), "cluster", problems)  # kept: NeMo-RL's keys and ours (where Ray runs)
+    problems.unknown(cluster, set(ClusterConfig.model_fields), "cluster", "the cluster block takes")
     if (cluster.get("num_nodes") or 1) > 1:
         problems.append(f"cluster.num_nodes: generation runs on one node here, got {cluster['num_nodes']}; set 1")
     policy_generation = (data.get("policy") or {}).get("generation")

@@ -32,6 +32,7 @@ import orjson
 from nemo_tau2.experience.progress import ProgressWatch, RolloutProgress
 from nemo_tau2.generation.config import GenerationConfig
 from nemo_tau2.gym.agent.episode_record import EpisodeData, EpisodeStatus
+from nemo_tau2.gym.model_server.routing import ReplicaRouter
 
 logger = logging.getLogger(__name__)
 
@@ -211,9 +212,34 @@ def _check_batch(rows: Sequence[dict], num_generations: int) -> None:
             )
 
 
+async def _post_episode(http: aiohttp.ClientSession, router: ReplicaRouter, key: str, data: bytes) -> tuple[int, Any]:
+    """POST one episode's row to an agent replica: ``(status, body)``, status 0 when no answer came.
+
+    A replica that refuses the connection never got the request: it is set aside and the next one is tried. One
+    that drops the connection mid-episode (lost with its node) is set aside too, and the episode is an
+    infrastructure error: it cannot be resumed elsewhere."""
+    refused: dict[str, str] = {}
+    for _ in router.urls:  # each replica at most once
+        with router.call(key) as url:
+            try:
+                async with http.post(
+                    f"{url}/run", data=data, headers={"Content-Type": "application/json"}
+                ) as response:
+                    raw = await response.read()
+                    return response.status, orjson.loads(raw)
+            except aiohttp.ClientConnectorError as e:  # never reached the replica: safe to send elsewhere
+                router.unreachable(url)
+                refused = {"error": f"{type(e).__name__}: {e}"}
+            except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as e:
+                if isinstance(e, aiohttp.ClientConnectionError):
+                    router.unreachable(url)
+                return 0, {"error": f"{type(e).__name__}: {e} ({url})"}
+    return 0, refused
+
+
 async def run_async_nemo_gym_rollout(
     rows: Sequence[dict],
-    agent_urls: dict[str, str],
+    agent_urls: dict[str, str | Sequence[str]],
     sampling: SamplingParams,
     num_generations: int,
     max_concurrency: int = 256,
@@ -228,7 +254,8 @@ async def run_async_nemo_gym_rollout(
         rows: Gym rows, repeated ``num_generations`` times, contiguous per group. A row may carry ``sample_index``
             (which sample of its task it is: the user simulator's seed and the fake's scripts use it); it defaults
             to its position in the group.
-        agent_urls: agent server name (``agent_ref.name``) -> ``http://host:port``.
+        agent_urls: agent server name (``agent_ref.name``) -> ``http://host:port`` of it, or of each of its
+            replicas (a list): each episode goes to the replica with the fewest running.
         sampling: the policy's sampling parameters.
         num_generations: episodes per prompt group.
         max_concurrency: episodes in flight at once.
@@ -237,6 +264,9 @@ async def run_async_nemo_gym_rollout(
         on_progress: called every ``progress_interval_s`` (from the event loop: keep it quick) and once at the end.
     """
     _check_batch(rows, num_generations)
+    routers = {
+        name: ReplicaRouter([urls] if isinstance(urls, str) else list(urls)) for name, urls in agent_urls.items()
+    }
     gate = asyncio.Semaphore(max_concurrency)
     connector = aiohttp.TCPConnector(limit=max_concurrency + 8)
     timeout = aiohttp.ClientTimeout(total=request_timeout_s)
@@ -247,20 +277,13 @@ async def run_async_nemo_gym_rollout(
             row = apply_sampling_params(rows[row_index], sampling)
             row.setdefault("sample_index", position)
             name = (row.get("agent_ref") or {}).get("name")
-            if name not in agent_urls:
+            if name not in routers:
                 raise ValueError(f"row {row_index} names agent {name!r}; running agents: {sorted(agent_urls)}")
             async with gate:
                 if watch:
                     watch.running += 1
                 try:
-                    async with http.post(
-                        f"{agent_urls[name]}/run", data=orjson.dumps(row), headers={"Content-Type": "application/json"}
-                    ) as response:
-                        raw = await response.read()
-                        status = response.status
-                    body = orjson.loads(raw)
-                except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as e:
-                    status, body = 0, {"error": f"{type(e).__name__}: {e}"}
+                    status, body = await _post_episode(http, routers[name], str(row_index), orjson.dumps(row))
                 finally:
                     if watch:
                         watch.running -= 1
@@ -272,7 +295,8 @@ async def run_async_nemo_gym_rollout(
 
         watch = None
         if on_progress is not None:
-            watch = ProgressWatch(http, list(agent_urls.values()), len(rows), on_progress, progress_interval_s)
+            every_url = [url for router in routers.values() for url in router.urls]
+            watch = ProgressWatch(http, every_url, len(rows), on_progress, progress_interval_s)
             await watch.start()
         pending: dict[int, list[RolloutResult | None]] = {}
         tasks = [asyncio.create_task(episode(i)) for i in range(len(rows))]
@@ -294,7 +318,11 @@ async def run_async_nemo_gym_rollout(
 
 
 def run_nemo_gym_rollout_sync(
-    rows: Sequence[dict], agent_urls: dict[str, str], sampling: SamplingParams, num_generations: int, **kwargs: Any
+    rows: Sequence[dict],
+    agent_urls: dict[str, str | Sequence[str]],
+    sampling: SamplingParams,
+    num_generations: int,
+    **kwargs: Any,
 ) -> list[RolloutResult]:
     """Every episode of the batch, in input order (not callable from inside a running event loop)."""
 

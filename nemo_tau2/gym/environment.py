@@ -7,6 +7,11 @@ server starts first, so their imports overlap the endpoints' start-up. Everythin
 project's environment. GRPO passes the policy endpoint it already serves (the weights being trained) instead of a
 config.
 
+With ``cluster.gym_placement=ray`` the Gym servers are placed on a Ray cluster instead
+(:mod:`nemo_tau2.gym.ray_servers`): ``env.nemo_gym.agent_replicas`` agents, each with its own model servers, and
+``resources_replicas`` resources servers, each bound to its node's address; ``agent_urls`` then lists every agent
+replica, and the rollout spreads episodes over them.
+
 (The step-by-step environment researchers drive themselves is ``nemo_tau2.env_api.Tau2Env``.)
 """
 
@@ -16,13 +21,15 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nemo_tau2.cluster import ClusterConfig
 from nemo_tau2.generation.config import GenerationConfig
 from nemo_tau2.generation.launch import GenerationHandle, register_api_key, start_generation
 from nemo_tau2.generation.validation import GymGenerationConfig
-from nemo_tau2.gym.episode_config import EpisodeSettings, NemoGymEnvConfig, UserSimulatorConfig
+from nemo_tau2.gym.episode_config import CLUSTER_FOR_REPLICAS, EpisodeSettings, NemoGymEnvConfig, UserSimulatorConfig
 from nemo_tau2.gym.fork_server import ForkServer
 from nemo_tau2.gym.launch import FORK_SERVER_LOG, GymServers
-from nemo_tau2.gym.stack import AGENT, ModelEndpoint, tau2_stack, tau2_stack_classes
+from nemo_tau2.gym.ray_servers import RayGymServers
+from nemo_tau2.gym.stack import AGENT, ModelEndpoint, tau2_replicas, tau2_stack, tau2_stack_classes
 
 logger = logging.getLogger(__name__)
 
@@ -37,11 +44,15 @@ class Tau2EnvironmentSpec:
     domains: list[str]
     gym: NemoGymEnvConfig = field(default_factory=NemoGymEnvConfig)  # episode limits, server kinds, timeouts
     log_dir: str | Path | None = None
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)  # where the Gym servers run (gym_placement)
 
     def __post_init__(self) -> None:  # the gym rules hold for every block that drives these servers
         if isinstance(self.policy, GenerationConfig) and not isinstance(self.policy, GymGenerationConfig):
             self.policy = GymGenerationConfig.model_validate(self.policy.model_dump(exclude_unset=True))
         self.user_on_policy_endpoint = self.user is None
+        replicas = self.gym.agent_replicas * self.gym.resources_replicas
+        if replicas > 1 and self.cluster.gym_placement != "ray":
+            raise ValueError(CLUSTER_FOR_REPLICAS)
         if self.user is None:
             if not isinstance(self.policy, GenerationConfig):
                 raise ValueError("user=None puts the user simulator on the policy's endpoint: give a policy config")
@@ -65,9 +76,9 @@ class Tau2Environment:
         self.servers: GymServers | None = None
 
     @property
-    def agent_urls(self) -> dict[str, str]:
-        """agent name (rows' ``agent_ref.name``) -> URL of its ``/run``'s server."""
-        return {AGENT: self.servers.url(AGENT)}
+    def agent_urls(self) -> dict[str, list[str]]:
+        """agent name (rows' ``agent_ref.name``) -> the URLs of its replicas (their ``/run``)."""
+        return {AGENT: self.servers.replica_urls(AGENT)}
 
     def start(self) -> "Tau2Environment":
         try:
@@ -76,10 +87,13 @@ class Tau2Environment:
                 if isinstance(generation, GenerationConfig):
                     register_api_key(generation)  # before any process starts: none may inherit the key
             log_dir = Path(self.spec.log_dir or tempfile.mkdtemp(prefix="nemo_tau2_servers_"))
-            fork_server = ForkServer(
-                tau2_stack_classes(gym.policy_model_server, gym.user_model_server), log_dir / FORK_SERVER_LOG
-            )
-            self._stack.callback(fork_server.stop)  # until the servers own it (stopping twice is harmless)
+            on_ray = self.spec.cluster.gym_placement == "ray"
+            fork_server = None  # local servers: started first, so that its imports overlap the endpoints' start
+            if not on_ray:
+                fork_server = ForkServer(
+                    tau2_stack_classes(gym.policy_model_server, gym.user_model_server), log_dir / FORK_SERVER_LOG
+                )
+                self._stack.callback(fork_server.stop)  # until the servers own it (stopping twice is harmless)
             if isinstance(self.spec.policy, GenerationHandle):
                 self.policy = self.spec.policy  # owned by the caller
             else:
@@ -116,13 +130,20 @@ class Tau2Environment:
                 agent_config=self.spec.episode_settings().model_dump(mode="json", exclude_unset=True),
                 resources_config={"session_idle_timeout_s": gym.session_idle_timeout_s},
             )
-            self.servers = self._stack.enter_context(
-                GymServers(
+            if on_ray:
+                groups = tau2_replicas(specs, gym.agent_replicas, gym.resources_replicas)
+                servers = RayGymServers(
+                    groups, self.spec.cluster, log_dir=log_dir, startup_timeout_s=gym.server_startup_timeout_s
+                )
+            else:
+                servers = GymServers(
                     specs, log_dir=log_dir, startup_timeout_s=gym.server_startup_timeout_s, fork_server=fork_server
                 )
-            )
+            self.servers = self._stack.enter_context(servers)
             logger.info(
-                "tau2 environment up: agent at %s, server logs in %s", self.servers.url(AGENT), self.servers.log_dir
+                "tau2 environment up: agent at %s, server logs in %s",
+                ", ".join(self.agent_urls[AGENT]),
+                self.servers.log_dir,
             )
         except BaseException:
             self.stop()

@@ -24,6 +24,11 @@ USER_RESPONSES_CREATE_PARAMS_DEFAULTS: dict[str, Any] = {"temperature": 0.0, "ma
 """The simulated user's sampling unless configured: tau2's temperature 0, and a cap on each message's tokens (tau2's
 user messages take tens of tokens; a weak user model left uncapped can write thousands per turn and stall the run)."""
 
+CLUSTER_FOR_REPLICAS = (
+    "env.nemo_gym.agent_replicas / resources_replicas above 1 place servers on a Ray cluster: set "
+    "cluster.gym_placement=ray (or the replicas to 1)"
+)
+
 
 class EpisodeLimits(BaseModel):
     """tau2's episode limits and the retries of the episode's calls (policy, user simulator, resources server)."""
@@ -132,6 +137,18 @@ class NemoGymEnvConfig(EpisodeLimits):
     )
     session_idle_timeout_s: float = Field(default=1800.0, gt=0, description="The resources server ends idle sessions.")
     server_startup_timeout_s: float = Field(default=300.0, gt=0, description="Each Gym server must be up by then.")
+    agent_replicas: int = Field(
+        default=1,
+        ge=1,
+        description="Agent servers (each with its own policy and user model servers); rows are spread over them, "
+        "an episode on one. More than 1 needs cluster.gym_placement=ray.",
+    )
+    resources_replicas: int = Field(
+        default=1,
+        ge=1,
+        description="tau2 resources servers; each episode's session lives on one. More than 1 needs "
+        "cluster.gym_placement=ray.",
+    )
 
     @model_validator(mode="after")
     def _template_kwargs_need_a_vllm_server(self) -> "NemoGymEnvConfig":

@@ -50,6 +50,12 @@ class ServerSpec:
     server_class: str  # "module:Class"
     config: dict[str, Any] = field(default_factory=dict)
     port: int | None = None
+    host: str | None = None  # None: the launcher's host (a Ray-placed server binds its node's address)
+
+
+def replica_name(name: str, index: int) -> str:
+    """Replica ``index`` of an instance: the first keeps the instance's own name (what rows and configs name)."""
+    return name if index == 0 else f"{name}_{index}"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -77,8 +83,8 @@ def gym_global_config(specs: list[ServerSpec], host: str) -> DictConfig:
     """NeMo-Gym's global config dict for these instances, each with a host and a (free) port; without secrets."""
     config: dict[str, Any] = {"head_server": {"host": host, "port": 0}}
     for spec in specs:
-        port = spec.port or free_port(host)
-        instance = {"entrypoint": "app.py", **split_secrets(spec.config)[0], "host": host, "port": port}
+        port = spec.port or free_port(spec.host or host)
+        instance = {"entrypoint": "app.py", **split_secrets(spec.config)[0], "host": spec.host or host, "port": port}
         config[spec.name] = {spec.server_type: {spec.impl: instance}}
     return OmegaConf.create(config)
 
@@ -130,6 +136,14 @@ class GymServers:
         (instance,) = block.values()
         return f"http://{instance.host}:{instance.port}"
 
+    def replica_urls(self, name: str) -> list[str]:
+        """The URLs of every replica of an instance (:func:`replica_name`): one, unless the servers were replicated."""
+        urls, index = [], 0
+        while replica_name(name, index) in self.global_config:
+            urls.append(self.url(replica_name(name, index)))
+            index += 1
+        return urls
+
     def pid(self, name: str) -> int:
         return self._pids[name]
 
@@ -146,11 +160,7 @@ class GymServers:
 
     def start(self) -> "GymServers":
         began = time.perf_counter()
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        secrets = {spec.name: split_secrets(spec.config)[1] for spec in self.specs}
-        for value in _secret_values(secrets):
-            register_secret(value)
-        atexit.register(self.stop)
+        secrets = self._prepare()
         if self._fork_server is None:
             classes = sorted({spec.server_class for spec in self.specs})
             self._fork_server = ForkServer(classes, self.log_dir / FORK_SERVER_LOG, self.extra_env)
@@ -175,6 +185,15 @@ class GymServers:
             raise
         self.startup_s = time.perf_counter() - began
         return self
+
+    def _prepare(self) -> dict[str, dict]:
+        """Make the log folder, keep the secrets out of every log, stop on exit; each server's secret keys."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        secrets = {spec.name: split_secrets(spec.config)[1] for spec in self.specs}
+        for value in _secret_values(secrets):
+            register_secret(value)
+        atexit.register(self.stop)
+        return secrets
 
     def _wait_healthy(self, began: float) -> None:
         deadline = time.monotonic() + self.startup_timeout_s

@@ -7,10 +7,12 @@ ids. Instance names follow NeMo-Gym/NeMo-RL conventions (``policy_model``), so t
 ``gym env start`` config.
 """
 
+import copy
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from nemo_tau2.gym.launch import ServerSpec
+from nemo_tau2.gym.launch import ServerSpec, replica_name
 
 ModelServerKind = Literal["vllm_model", "fast_vllm_model", "openai_model"]
 RESOURCES_SERVER = "tau2_resources_server"
@@ -97,3 +99,36 @@ def tau2_stack(
         model_server_spec(POLICY_MODEL, policy),
         model_server_spec(USER_MODEL, user),
     ]
+
+
+@dataclass
+class ServerGroup:
+    """Servers placed together on one node (one placement-group bundle); ``role`` names their placement group."""
+
+    role: Literal["resources", "agent"]
+    specs: list[ServerSpec]
+
+
+def tau2_replicas(specs: list[ServerSpec], agent_replicas: int, resources_replicas: int) -> list[ServerGroup]:
+    """:func:`tau2_stack`'s servers as ``resources_replicas`` resources servers and ``agent_replicas`` agents.
+
+    Each agent replica comes with its own policy and user model servers on its node (they cost about as much CPU
+    per turn as the agent) and knows every resources replica; it keeps each episode on one of them (the session's
+    database lives there). Replica 0 of each keeps the instance's own name."""
+    by_name = {spec.name: spec for spec in specs}
+    resources = [replica_name(RESOURCES_SERVER, i) for i in range(resources_replicas)]
+    groups = [
+        ServerGroup("resources", [dataclasses.replace(by_name[RESOURCES_SERVER], name=name)]) for name in resources
+    ]
+    for i in range(agent_replicas):
+        agent = by_name[AGENT]
+        config = copy.deepcopy(agent.config)
+        config["model_server"]["name"] = replica_name(POLICY_MODEL, i)
+        config["user_model_server"]["name"] = replica_name(USER_MODEL, i)
+        config["resources_server_replicas"] = [{"type": "resources_servers", "name": name} for name in resources[1:]]
+        models = [
+            dataclasses.replace(by_name[name], name=replica_name(name, i)) for name in (POLICY_MODEL, USER_MODEL)
+        ]
+        groups.append(ServerGroup("agent", [dataclasses.replace(agent, name=replica_name(AGENT, i), config=config)]))
+        groups[-1].specs.extend(models)
+    return groups

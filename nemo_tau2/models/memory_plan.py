@@ -36,8 +36,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from nemo_tau2.cluster import ClusterConfig
 from nemo_tau2.models.model_shape import ModelShape
 from nemo_tau2.models.policy.config import PolicyConfig
 
@@ -53,18 +52,6 @@ TOKEN_BYTES_SCALE = 1.0
 VLLM_WORKSPACE_BYTES = 4 * GB
 """vLLM's activation workspace and CUDA graphs outside the KV cache, per GPU."""
 GIB = 2**30
-
-
-class ClusterConfig(BaseModel):
-    """``cluster`` (NeMo-RL's keys, plus the GPU memory the plan checks against)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    gpus_per_node: int | None = Field(default=None, ge=1, description="GPUs per node; null: not checked.")
-    num_nodes: int = Field(default=1, ge=1)
-    gpu_memory_gb: float = Field(
-        default=80.0, gt=0, description="Memory of one GPU for the plan, when no GPU is visible to this process."
-    )
 
 
 # ================================================================================================ the plan

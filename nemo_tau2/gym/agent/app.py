@@ -42,6 +42,11 @@ class Tau2AgentConfig(EpisodeSettings, GymInstanceConfigMixin, RequestLimitsMixi
     model_config = ConfigDict(extra="allow")
 
     resources_server: ResourcesServerRef
+    resources_server_replicas: list[ResourcesServerRef] = Field(
+        default_factory=list,
+        description="More instances of the resources server: each new episode goes to the least busy of all of "
+        "them and stays there (its session lives there); one that cannot be reached gets no new episodes.",
+    )
     model_server: ModelServerRef = Field(description="The policy's model server (NeMo-RL points it at its vLLM).")
     user_model_server: ModelServerRef | None = Field(
         default=None, description="The user simulator's model server: required, and better not the policy's."
@@ -92,9 +97,10 @@ class Tau2Agent(FastMiddlewareMixin, SimpleResponsesAPIAgent):
 
     def model_post_init(self, context: Any) -> None:
         global_config = self.server_client.global_config_dict
-        urls = {}
+        urls: dict[str, list[str]] = {"resources": [], "policy": [], "user": []}
         for role, ref in (
             ("resources", self.config.resources_server),
+            *(("resources", replica) for replica in self.config.resources_server_replicas),
             ("policy", self.config.model_server),
             ("user", self.config.user_model_server),
         ):
@@ -103,7 +109,7 @@ class Tau2Agent(FastMiddlewareMixin, SimpleResponsesAPIAgent):
                     f"{self.config.name}: its {role} server {ref.name!r} is not in the config "
                     f"(top-level keys: {sorted(global_config)})"
                 )
-            urls[role] = _instance_url(global_config, ref.name)
+            urls[role].append(_instance_url(global_config, ref.name))
         if self.config.user_model_server.name == self.config.model_server.name:
             logger.warning(
                 "the user simulator is the policy's own model server (self-play): scores are not "
@@ -111,7 +117,9 @@ class Tau2Agent(FastMiddlewareMixin, SimpleResponsesAPIAgent):
             )
         self._http = GymHttpClient()
         # The config is an EpisodeSettings (one schema): the orchestrator reads its episode fields from it.
-        self._orchestrator = EpisodeOrchestrator(self._http, Endpoints(**urls), self.config)
+        self._orchestrator = EpisodeOrchestrator(
+            self._http, Endpoints(urls["resources"], *urls["policy"], *urls["user"]), self.config
+        )
         return super().model_post_init(context)
 
     def setup_webserver(self) -> FastAPI:

@@ -48,6 +48,7 @@ class EpisodeState:
     sample_index: int
     request_key: str = field(default_factory=lambda: uuid.uuid4().hex)  # Idempotency-Key prefix of this episode
     resource_requests: int = 0  # requests sent to the resources server so far (the key's suffix)
+    resources_url: str = ""  # the resources replica holding this episode's session (chosen once, at seeding)
     verified: bool = False  # the session scored the episode (and ended it)
     cookies: dict[str, dict] = field(default_factory=lambda: {"resources": {}, "policy": {}, "user": {}})
     outputs: list[dict] = field(default_factory=list)  # the policy's view after the row's input

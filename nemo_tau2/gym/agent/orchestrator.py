@@ -46,8 +46,8 @@ class AgentProgress:
 
 @dataclass
 class Endpoints:
-    resources: str  # http://host:port of each server
-    policy: str
+    resources: list[str]  # http://host:port of each resources replica
+    policy: str  # http://host:port of the model servers
     user: str
 
 
@@ -81,19 +81,24 @@ class EpisodeOrchestrator:
         started = time.perf_counter()
         state = EpisodeState.for_row(row, int(row.get("sample_index", row.get("_ng_rollout_index", 0)) or 0))
         self.progress.running_episodes += 1
-        try:
-            await self.session.seed(state)
-            await self._play(state)
-            result = await verify(state, self.session)
-        except InfrastructureError as e:
-            return 502, self._failure(state, str(e), time.perf_counter() - started)
-        except RowError as e:
-            return 400, {"detail": str(e)}
-        finally:
-            self.progress.running_episodes -= 1
-            self.progress.finished_episodes += 1
-            if not state.verified:  # failed, cancelled or crashed: the session must not linger until it expires
-                await self.session.end(state)
+        with self.session.placed(state):
+            logger.info(
+                "episode started: %s task %s sample %d on %s, episode %s",
+                *(state.domain, state.task_id, state.sample_index, state.resources_url, state.request_key),
+            )
+            try:
+                await self.session.seed(state)
+                await self._play(state)
+                result = await verify(state, self.session)
+            except InfrastructureError as e:
+                return 502, self._failure(state, str(e), time.perf_counter() - started)
+            except RowError as e:
+                return 400, {"detail": str(e)}
+            finally:
+                self.progress.running_episodes -= 1
+                self.progress.finished_episodes += 1
+                if not state.verified:  # failed, cancelled or crashed: the session must not linger until it expires
+                    await self.session.end(state)
         result.update(self._episode_data(state, time.perf_counter() - started))
         return 200, result
 

@@ -8,14 +8,22 @@ the same on each retry, so the server answers a retried write from its record in
 (``nemo_tau2/gym/resources_server/replay.py``). A row the server refuses at ``/seed_session`` (unknown domain or task,
 invalid fields) is the caller's :class:`RowError`; tool arguments it refuses (too large, nested too deep) are the
 model's mistake, a tool error.
+
+With several resources replicas, each episode lives on one (:class:`ReplicaRouter`'s sticky routing, the model
+server's mechanism: new episodes to the replica with the fewest running). A replica that cannot be reached gets no
+new episodes for a while; an episode whose replica is lost mid-way is an infrastructure error (its database was
+there), and one whose seeding finds its replica gone is seeded on another (nothing was started on the lost one).
 """
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from nemo_tau2.gym.agent.conversation import EpisodeState, RowError, final_response
 from nemo_tau2.gym.agent.turns import without_token_ids
 from nemo_tau2.gym.http_client import GymHttpClient, InfrastructureError, JsonResponse, RetryConfig
+from nemo_tau2.gym.model_server.routing import ReplicaRouter
 
 logger = logging.getLogger(__name__)
 
@@ -24,16 +32,31 @@ IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
 
 
 class HttpTau2Session:
-    """:class:`~nemo_tau2.gym.agent.conversation.Tau2Session` on the resources server at ``url``."""
+    """:class:`~nemo_tau2.gym.agent.conversation.Tau2Session` on the resources server replicas at ``urls``."""
 
-    def __init__(self, http: GymHttpClient, url: str, retry: RetryConfig):
+    def __init__(self, http: GymHttpClient, urls: list[str], retry: RetryConfig):
         self.http = http
-        self.url = url
+        self.router = ReplicaRouter(urls)
         self.retry = retry
+
+    @contextmanager
+    def placed(self, state: EpisodeState) -> Iterator[None]:
+        """Hold the episode on one replica while it runs (counted there as running, for balancing)."""
+        with self.router.call(state.request_key) as url:
+            state.resources_url = url
+            yield
 
     async def seed(self, state: EpisodeState) -> None:
         seed_body = {key: value for key, value in state.row.items() if key != "responses_create_params"}
-        response = await self._post(state, "/seed_session", seed_body, "seeding the tau2 session")
+        state.resources_url = state.resources_url or self.router.route(state.request_key)  # unless placed()
+        try:
+            response = await self._post(state, "/seed_session", seed_body, "seeding the tau2 session")
+        except InfrastructureError as e:
+            if not e.unreachable or len(self.router.urls) == 1:
+                raise
+            state.resources_url = self.router.route(state.request_key)  # _post set the lost replica aside
+            logger.warning("seeding on %s instead: %s", state.resources_url, e)
+            response = await self._post(state, "/seed_session", seed_body, "seeding the tau2 session")
         if response.status in (400, 404, 422):
             raise RowError(f"the resources server refused the row at /seed_session: {response.text[:500]}")
         if response.status != 200:
@@ -80,7 +103,7 @@ class HttpTau2Session:
             return
         try:
             await self.http.post(
-                self.url + "/end_session",
+                state.resources_url + "/end_session",
                 {},
                 RetryConfig(timeout_s=10, max_attempts=1),
                 cookies=state.cookies["resources"],
@@ -95,15 +118,20 @@ class HttpTau2Session:
         """POST under a fresh idempotency key, kept by every retry of this request."""
         state.resource_requests += 1
         key = f"{state.request_key}-{state.resource_requests}"
-        response = await self.http.post(
-            self.url + path,
-            payload,
-            self.retry,
-            cookies=state.cookies["resources"],
-            headers={IDEMPOTENCY_KEY_HEADER: key, **(headers or {})},
-            what=what,
-            **kwargs,
-        )
+        try:
+            response = await self.http.post(
+                state.resources_url + path,
+                payload,
+                self.retry,
+                cookies=state.cookies["resources"],
+                headers={IDEMPOTENCY_KEY_HEADER: key, **(headers or {})},
+                what=what,
+                **kwargs,
+            )
+        except InfrastructureError as e:
+            if e.unreachable:
+                self.router.unreachable(state.resources_url)
+            raise
         state.cookies["resources"] = response.cookies or state.cookies["resources"]
         return response
 

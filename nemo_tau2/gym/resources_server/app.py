@@ -283,6 +283,10 @@ class Tau2ResourcesServer(FastMiddlewareMixin, SimpleResourcesServer):
             self._sessions.put(request.session[SESSION_ID_KEY], episode, key, recorded)
         except TooManySessionsError as e:
             raise HTTPException(status_code=503, detail=str(e)) from e
+        # which episode lives here (its idempotency-key prefix): with several replicas, the log says where each ran
+        logger.info(
+            "session seeded: %s task %s, episode %s", body.domain, body.task_id, (key or "-").rsplit("-", 1)[0]
+        )
         return response
 
     def _no_session(self, request: Request) -> HTTPException:

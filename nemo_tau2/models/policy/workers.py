@@ -12,13 +12,13 @@ A sharded policy with one rank runs in this process in a one-rank group of its o
 """
 
 import logging
-import os
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from nemo_tau2.cluster import import_ray
 from nemo_tau2.models.policy.building import architecture_of
 from nemo_tau2.models.policy.config import PolicyConfig
 from nemo_tau2.models.policy.worker import PolicyWorker
@@ -50,17 +50,6 @@ class LocalWorkerGroup:
         self.worker.close()
 
 
-def _import_ray() -> Any:
-    """Ray, with its `uv run` worker hook off unless the user turned it on (see ``nemo_tau2/__init__.py``)."""
-    import ray
-    import ray._private.ray_constants as ray_constants
-
-    if os.environ.get("RAY_ENABLE_UV_RUN_RUNTIME_ENV") == "0" and ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV:
-        # Ray was imported before nemo_tau2 and read the default; ray.init reads this flag at call time.
-        ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV = False
-    return ray
-
-
 class RayWorkerGroup:
     """``cfg.num_workers`` :class:`PolicyWorker` actors in one data-parallel process group.
 
@@ -83,7 +72,7 @@ class RayWorkerGroup:
         seed: int,
         ray_init_kwargs: dict[str, Any] | None = None,
     ) -> None:
-        ray = self._ray = _import_ray()
+        ray = self._ray = import_ray()
         self.world_size = cfg.num_workers
         self.actors: list[Any] = []
         self._owns_ray = not ray.is_initialized()

@@ -85,7 +85,7 @@ def test_the_api_key_reaches_only_the_policy_model_server(openai_policy_config, 
     cfg = setup_eval(openai_policy_config)
     spec = environment_spec(cfg, [task_row("airline", "0")], tmp_path / "logs")
     with Tau2Environment(spec) as env:
-        status = requests.post(env.agent_urls["tau2_agent"] + "/run", json=task_row("airline", "0"), timeout=300)
+        status = requests.post(env.agent_urls["tau2_agent"][0] + "/run", json=task_row("airline", "0"), timeout=300)
         assert status.status_code == 200 and status.json()["status"] == "ok"
         policy_calls = [auth for path, auth, _ in RecordingProxy.seen if path != "/v1/models"]
         assert policy_calls and set(policy_calls) == {f"Bearer {SECRET}"}  # the policy model server had the key

@@ -1,0 +1,99 @@
+"""``cluster``: the machines a run uses (NeMo-RL's keys), and the one way this project joins or starts Ray.
+
+``num_nodes`` and ``gpus_per_node`` are NeMo-RL's. ``ray_address`` says where Ray runs: null starts a local Ray for
+the run (a single box is a one-node cluster) and stops it afterwards; ``auto`` or ``host:port`` (what
+``ray start --head`` prints) connects to a running cluster and leaves it running. ``gym_placement`` says where the
+Gym servers run: ``local`` forks them on this machine (one of each), ``ray`` places them on the cluster's nodes as
+Ray actors (:mod:`nemo_tau2.gym.ray_servers`), ``env.nemo_gym.{agent,resources}_replicas`` of them, on the nodes
+that offer ``gym_node_resource``.
+"""
+
+import logging
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+logger = logging.getLogger(__name__)
+
+_ADDRESS = re.compile(r"^(auto|(ray://)?[A-Za-z0-9_.\-\[\]:]+:\d{1,5})$")
+
+
+class ClusterConfig(BaseModel):
+    """``cluster`` (NeMo-RL's keys, the Ray address, where the Gym servers run, the GPU memory the plan checks)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpus_per_node: int | None = Field(default=None, ge=1, description="GPUs per node; null: not checked.")
+    num_nodes: int = Field(default=1, ge=1)
+    gpu_memory_gb: float = Field(
+        default=80.0, gt=0, description="Memory of one GPU for the plan, when no GPU is visible to this process."
+    )
+    ray_address: str | None = Field(
+        default=None,
+        description="null: start a local Ray for this run; 'auto' or 'host:port' (ray start --head prints it): "
+        "connect to that running cluster.",
+    )
+    gym_placement: Literal["local", "ray"] = Field(
+        default="local",
+        description="local: the Gym servers are forked on this machine, one of each; ray: Ray actors start them "
+        "on the cluster's nodes (env.nemo_gym.agent_replicas / resources_replicas of them).",
+    )
+    gym_node_resource: str | None = Field(
+        default=None,
+        description="gym_placement=ray: the custom Ray resource that marks the nodes Gym servers may run on "
+        "(ray start --resources='{\"gym_cpu\": 64}' on CPU nodes keeps them off the GPU nodes); null: any node.",
+    )
+
+    @field_validator("ray_address")
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        if value is not None and not _ADDRESS.match(value):
+            raise ValueError(
+                f"{value!r} is not a Ray address; set cluster.ray_address=auto (the cluster this machine joined), "
+                "host:port as 'ray start --head' prints it, or null for a local Ray"
+            )
+        return value
+
+    @field_validator("gym_node_resource")
+    @classmethod
+    def _resource_name(cls, value: str | None) -> str | None:
+        if value is not None and (value in ("CPU", "GPU", "memory") or not re.fullmatch(r"[A-Za-z_][\w.\-]*", value)):
+            raise ValueError(
+                f"{value!r} cannot mark Gym nodes; set cluster.gym_node_resource to a custom resource name such as "
+                "gym_cpu (ray start --resources='{\"gym_cpu\": 64}'), or null"
+            )
+        return value
+
+
+def import_ray() -> Any:
+    """Ray, with its `uv run` worker hook off unless the user turned it on (see ``nemo_tau2/__init__.py``)."""
+    import ray
+    import ray._private.ray_constants as ray_constants
+
+    if os.environ.get("RAY_ENABLE_UV_RUN_RUNTIME_ENV") == "0" and ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV:
+        # Ray was imported before nemo_tau2 and read the default; ray.init reads this flag at call time.
+        ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV = False
+    return ray
+
+
+@contextmanager
+def ray_connection(cluster: ClusterConfig, **local_init_kwargs: Any) -> Iterator[Any]:
+    """Ray for the duration of the block: the one this process already joined, else ``cluster.ray_address``'s,
+    else a local one started here (with ``local_init_kwargs``) and stopped at the end. Yields the ``ray`` module."""
+    ray = import_ray()
+    owned = not ray.is_initialized()
+    if owned:
+        kwargs: dict[str, Any] = {"include_dashboard": False, "configure_logging": False}
+        if cluster.ray_address is None:
+            kwargs |= local_init_kwargs
+        ray.init(address=cluster.ray_address, **kwargs)
+        logger.info("Ray: %s", "started locally" if cluster.ray_address is None else f"joined {cluster.ray_address}")
+    try:
+        yield ray
+    finally:
+        if owned and ray.is_initialized():
+            ray.shutdown()

@@ -1,0 +1,223 @@
+"""The Gym servers as Ray-placed processes: replicas reserved by placement groups, started on their nodes.
+
+Placement is Ray's. Each role (``resources``, ``agent``) is one placement group with a bundle per replica, strategy
+``SPREAD``; a bundle is ``{"CPU": 1}`` plus one unit of ``cluster.gym_node_resource`` when set, so that only the
+nodes offering that resource (the CPU nodes, not the GPU nodes) can hold one. An agent replica's bundle holds the
+agent and its own policy and user model servers (:func:`~nemo_tau2.gym.stack.tau2_replicas`).
+
+Once the groups are placed, each node that holds a bundle gets one :class:`GymNodeLauncher`, a small actor pinned
+there by node affinity. It runs a fork server (:mod:`nemo_tau2.gym.fork_server`: the server classes imported once
+per node, one process per server) and starts that node's servers, each bound to the node's address on a port free
+there. The launcher reports the address, ports and pids back: every URL in the NeMo-Gym global config the servers
+share comes from the node the server runs on.
+
+Lifetimes: the fork server stops its servers and exits when its launcher dies (its control socket closes; and
+``PR_SET_PDEATHSIG``), so killing a launcher, losing its node or the head process ending (Ray ends the actors a
+driver owned) leaves no server holding a port. :meth:`RayGymServers.stop` (also on exit, Ctrl-C or error) stops
+them, kills the launchers and removes the placement groups.
+"""
+
+import contextlib
+import logging
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from nemo_tau2.cluster import ClusterConfig, import_ray, ray_connection
+from nemo_tau2.gym.fork_server import ForkServer, ForkServerError, ServerExit
+from nemo_tau2.gym.launch import GymServers, ServerStartError, free_port, gym_global_config
+from nemo_tau2.gym.serving import CONFIG_DICT_ENV
+from nemo_tau2.gym.stack import ServerGroup
+
+logger = logging.getLogger(__name__)
+
+
+class GymNodeLauncher:
+    """On one node (a Ray actor): a fork server that starts the Gym servers placed on this node."""
+
+    def __init__(self, server_classes: list[str], log_dir: str, env: dict[str, str]) -> None:
+        ray = import_ray()
+        self.node_id = ray.get_runtime_context().get_node_id()
+        self.ip = ray.util.get_node_ip_address()
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+        self.fork_server = ForkServer(server_classes, Path(log_dir) / f"fork_server_{self.node_id[:12]}.log", env)
+
+    def where(self) -> dict[str, Any]:
+        """This node's id and address, and the pid of its fork server."""
+        return {"node_id": self.node_id, "ip": self.ip, "fork_server_pid": self.fork_server.process.pid}
+
+    def free_ports(self, count: int) -> list[int]:
+        return [free_port(self.ip) for _ in range(count)]
+
+    def spawn(
+        self, name: str, server_class: str, config_yaml: str, secrets: dict, log_path: str, timeout_s: float
+    ) -> int:
+        """Start one server from the fork server; its pid (on this node)."""
+        env = {CONFIG_DICT_ENV: config_yaml}
+        return self.fork_server.spawn(name, [name, server_class], env, secrets, Path(log_path), timeout_s)
+
+    def exits(self) -> list[ServerExit]:
+        return self.fork_server.exits()
+
+    def stop(self) -> None:
+        self.fork_server.stop()
+
+
+class RayGymServers(GymServers):
+    """:class:`GymServers` placed on a Ray cluster (see the module docstring); the same interface (``url``,
+    ``replica_urls``, ``pid``, ``log_path``, ``exited``), plus ``placement``: server name -> its node's id and IP.
+
+    Uses the Ray this process joined, else ``cluster.ray_address``'s, else starts a local one (stopped on ``stop``).
+    """
+
+    def __init__(
+        self,
+        groups: list[ServerGroup],
+        cluster: ClusterConfig,
+        log_dir: str | Path | None = None,
+        startup_timeout_s: float = 180.0,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        specs = [spec for group in groups for spec in group.specs]
+        super().__init__(specs, log_dir=log_dir, startup_timeout_s=startup_timeout_s, env=env)
+        self.groups = groups
+        self.cluster = cluster
+        self.placement: dict[str, dict[str, Any]] = {}
+        self._ray: Any = None
+        self._ray_stack = ExitStack()
+        self._placement_groups: list[Any] = []
+        self.launchers: dict[str, Any] = {}  # node id -> its GymNodeLauncher
+
+    def start(self) -> "RayGymServers":
+        began = time.perf_counter()
+        secrets = self._prepare()
+        ray = import_ray()
+        try:
+            self._ray = self._ray_stack.enter_context(ray_connection(self.cluster))
+            nodes = self._place()
+            classes = sorted({spec.server_class for spec in self.specs})
+            launcher_class = ray.remote(num_cpus=0, max_restarts=0)(GymNodeLauncher)
+            for node_id in sorted(set(nodes.values())):
+                self.launchers[node_id] = launcher_class.options(
+                    scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
+                        node_id, soft=False
+                    )
+                ).remote(classes, str(self.log_dir), self.extra_env)
+            reports = ray.get([launcher.where.remote() for launcher in self.launchers.values()])
+            where = {report["node_id"]: report for report in reports}
+            for group_index, group in enumerate(self.groups):
+                node = where[nodes[group_index]]
+                ports = ray.get(self.launchers[node["node_id"]].free_ports.remote(len(group.specs)))
+                for spec, port in zip(group.specs, ports, strict=True):
+                    spec.host, spec.port = node["ip"], port
+                    self.placement[spec.name] = node
+            self.global_config = gym_global_config(self.specs, "127.0.0.1")
+            config_yaml = OmegaConf.to_yaml(self.global_config)
+            spawned = [
+                self.launchers[self.placement[spec.name]["node_id"]].spawn.remote(
+                    spec.name,
+                    spec.server_class,
+                    config_yaml,
+                    secrets[spec.name],
+                    str(self.log_path(spec.name)),
+                    self.startup_timeout_s,
+                )
+                for spec in self.specs
+            ]
+            self._pids = dict(zip((spec.name for spec in self.specs), ray.get(spawned), strict=True))
+            self._wait_healthy(began)
+        except (ForkServerError, ray.exceptions.RayError) as e:
+            self.stop()
+            cause = getattr(e, "cause", None) or e  # an actor's error: the original, not Ray's traceback
+            raise ServerStartError(
+                f"the Gym servers could not start on the Ray cluster: {type(cause).__name__}: {cause}"
+            ) from None
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.perf_counter() - began
+        logger.info(
+            "%d Gym servers up on %d Ray nodes in %.1f s", len(self.specs), len(self.launchers), self.startup_s
+        )
+        return self
+
+    def _place(self) -> dict[int, str]:
+        """Reserve a bundle per server group (a placement group per role); group index -> the node holding it."""
+        ray = self._ray
+        bundle = {"CPU": 1} | ({self.cluster.gym_node_resource: 1} if self.cluster.gym_node_resource else {})
+        _check_room(ray, bundle, len(self.groups))
+        roles = sorted({group.role for group in self.groups})
+        indices = {role: [i for i, group in enumerate(self.groups) if group.role == role] for role in roles}
+        for role in roles:
+            self._placement_groups.append(
+                ray.util.placement_group([bundle] * len(indices[role]), strategy="SPREAD", name=f"gym_{role}")
+            )
+        try:
+            ray.get([pg.ready() for pg in self._placement_groups], timeout=self.startup_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise ServerStartError(
+                f"the Ray cluster has no room for {len(self.groups)} Gym server bundles of {bundle} after "
+                f"{self.startup_timeout_s:g} s (nodes: {_node_resources(ray)}); lower env.nemo_gym.agent_replicas / "
+                "resources_replicas, or add nodes offering cluster.gym_node_resource"
+            ) from None
+        nodes = {}
+        for role, pg in zip(roles, self._placement_groups, strict=True):
+            table = ray.util.placement_group_table(pg)["bundles_to_node_id"]
+            for bundle_index, group_index in enumerate(indices[role]):
+                nodes[group_index] = table[bundle_index]
+        return nodes
+
+    def exited(self) -> list[ServerExit]:
+        """Servers that exited, and every server of a launcher (node) that is gone."""
+        if self._ray is None:
+            return []
+        exits = []
+        for node_id, launcher in self.launchers.items():
+            try:
+                exits.extend(self._ray.get(launcher.exits.remote(), timeout=30))
+            except self._ray.exceptions.RayError:
+                gone = [name for name, node in self.placement.items() if node["node_id"] == node_id]
+                exits.extend(ServerExit(name, self._pids.get(name, -1), -9) for name in gone)
+        return exits
+
+    def process_ids(self) -> list[int]:
+        """Every process started for these servers: the servers and the fork servers (pids on their nodes)."""
+        fork_servers = {node["fork_server_pid"] for node in self.placement.values()}
+        return list(self._pids.values()) + sorted(fork_servers)
+
+    def stop(self) -> None:
+        """Stop every server, kill the launchers, remove the placement groups (idempotent; a lost node is skipped)."""
+        ray = self._ray
+        if ray is not None and ray.is_initialized():
+            stopping = [launcher.stop.remote() for launcher in self.launchers.values()]
+            with contextlib.suppress(ray.exceptions.RayError):
+                ray.wait(stopping, num_returns=len(stopping), timeout=15)
+            for launcher in self.launchers.values():
+                with contextlib.suppress(ray.exceptions.RayError, ValueError):
+                    ray.kill(launcher)
+            for pg in self._placement_groups:
+                with contextlib.suppress(ray.exceptions.RayError, ValueError):
+                    ray.util.remove_placement_group(pg)
+        self.launchers, self._placement_groups = {}, []
+        self._ray_stack.close()
+
+
+def _check_room(ray: Any, bundle: dict[str, float], count: int) -> None:
+    """Refuse at once a placement the whole cluster could never hold (Ray would wait for nodes forever)."""
+    total = ray.cluster_resources()
+    short = {key: amount * count for key, amount in bundle.items() if total.get(key, 0) < amount * count}
+    if short:
+        raise ServerStartError(
+            f"the Ray cluster cannot hold {count} Gym server bundles of {bundle}: it has "
+            f"{ {key: total.get(key, 0) for key in short} } in all, {short} are needed; start Gym nodes with "
+            "ray start --resources='{\"<cluster.gym_node_resource>\": N}' (and CPUs), or lower "
+            "env.nemo_gym.agent_replicas / resources_replicas"
+        )
+
+
+def _node_resources(ray: Any) -> str:
+    alive = [node for node in ray.nodes() if node.get("Alive")]
+    return "; ".join(f"{node['NodeManagerAddress']} {node['Resources']}" for node in alive) or "none alive"

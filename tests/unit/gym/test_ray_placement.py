@@ -1,0 +1,287 @@
+"""The Gym servers placed on a multi-node Ray cluster, episodes through their replicas, and a node lost mid-run.
+
+One ``ray.cluster_utils.Cluster`` for the module: a head standing for the generation node (a ``fake_gpu`` resource,
+no ``gym_cpu``) and two CPU workers offering ``gym_cpu``. Two agent replicas (each with its model servers) and two
+resources replicas run there, the scripted fake engine plays policy and user. What each server says in its own log
+(the resources servers' "session seeded", the agents' "episode started", uvicorn's access lines) is the evidence.
+"""
+
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import requests
+from ray.cluster_utils import Cluster
+
+from nemo_tau2.algorithms.grpo_config import GRPOMasterConfig
+from nemo_tau2.cluster import ClusterConfig, import_ray
+from nemo_tau2.config import ConfigError, apply_overrides, load_config, validate_config
+from nemo_tau2.evals.config import EvalMasterConfig
+from nemo_tau2.evals.eval import setup_eval
+from nemo_tau2.experience.rollouts import OK, SamplingParams, run_nemo_gym_rollout_sync
+from nemo_tau2.generation import GenerationConfig
+from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec
+from nemo_tau2.gym.episode_config import NemoGymEnvConfig
+from nemo_tau2.gym.http_client import RetryConfig
+from nemo_tau2.gym.launch import ServerSpec, ServerStartError
+from nemo_tau2.gym.ray_servers import RayGymServers
+from nemo_tau2.gym.stack import (
+    AGENT,
+    POLICY_MODEL,
+    RESOURCES_SERVER,
+    RESOURCES_SERVER_CLASS,
+    USER_MODEL,
+    ServerGroup,
+)
+from nemo_tau2.tau2_env.gym_rows import task_row
+
+GYM = "gym_cpu"
+GRPO_SMOKE = Path(__file__).parents[3] / "examples" / "configs" / "grpo_tau2_cpu_smoke.yaml"
+EVAL_FAKE = Path(__file__).parents[3] / "examples" / "configs" / "evals" / "tau2_fake.yaml"
+SAMPLING = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=512)
+RESOURCES = [RESOURCES_SERVER, f"{RESOURCES_SERVER}_1"]
+AGENTS = [AGENT, f"{AGENT}_1"]
+PROTOCOL_ROUTES = {"/", "/seed_session", "/verify", "/end_session", "/session_stats", "/aggregate_metrics"}
+SEEDED = re.compile(r"session seeded: (\w+) task (\S+), episode (\w+)")
+STARTED = re.compile(r"episode started: (\w+) task (\S+) sample (\d+) on \S+, episode (\w+)")
+POSTED = re.compile(r'"POST (/\S*) HTTP')
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray = import_ray()
+    small = {"object_store_memory": 80 * 1024**2}
+    cluster = Cluster(  # not connected: the run joins it through cluster.ray_address, as on a real cluster
+        initialize_head=True, connect=False, head_node_args={"num_cpus": 1, "resources": {"fake_gpu": 1}, **small}
+    )
+    workers = [cluster.add_node(num_cpus=2, resources={GYM: 2}, **small) for _ in range(2)]
+    cluster.wait_for_nodes()
+    yield cluster, workers
+    ray.shutdown()
+    for node in [*cluster.worker_nodes, cluster.head_node]:  # no graceful wait: the servers are stopped already
+        cluster.remove_node(node, allow_graceful=False)
+    cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def environment(cluster, tmp_path_factory):
+    fake = GenerationConfig(backend="fake", fake_cfg={}, temperature=0.0, top_p=1.0)
+    spec = Tau2EnvironmentSpec(
+        policy=fake,
+        user=None,  # the user on the same fake (one process fewer)
+        domains=["airline", "retail"],
+        gym=NemoGymEnvConfig(
+            agent_replicas=2,
+            resources_replicas=2,
+            resources_retry=RetryConfig(timeout_s=30, max_attempts=2, backoff_s=0.2),
+        ),
+        log_dir=tmp_path_factory.mktemp("server_logs"),
+        cluster=ClusterConfig(ray_address=cluster[0].address, gym_placement="ray", gym_node_resource=GYM),
+    )
+    with Tau2Environment(spec) as env:
+        yield env
+
+
+def _rows(tasks: list[str], sample: int) -> list[dict]:
+    return [task_row(domain, task) | {"sample_index": sample} for domain in ("airline", "retail") for task in tasks]
+
+
+def _log_lines(env: Tau2Environment, name: str) -> list[str]:
+    return Path(env.servers.log_path(name)).read_text(errors="replace").splitlines()
+
+
+def _seeded(env: Tau2Environment) -> dict[str, str]:
+    """Episode key -> the resources replica whose log says it seeded that episode's session."""
+    return {m[3]: name for name in RESOURCES for line in _log_lines(env, name) if (m := SEEDED.search(line))}
+
+
+def _started(env: Tau2Environment, sample: int) -> dict[tuple[str, str], tuple[str, str]]:
+    """(domain, task) of this sample -> (agent replica, episode key), from the agents' logs."""
+    found = {}
+    for name in AGENTS:
+        for line in _log_lines(env, name):
+            if (m := STARTED.search(line)) and int(m[3]) == sample:
+                found[(m[1], m[2])] = (name, m[4])
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ")[-1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _assert_free(url: str) -> None:
+    """Nothing listens on the server's address and port any more (it bound its node's address, not 127.0.0.1).
+    SO_REUSEADDR, as servers bind: a closed connection's TIME_WAIT does not count, a listener still does."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, int(port)))
+        sock.listen()
+
+
+def test_cluster_keys_are_checked_with_a_one_line_fix_and_reach_the_eval():
+    def eval_config(*overrides: str) -> EvalMasterConfig:  # as run_eval.py reads it (NeMo-RL layout translation)
+        return setup_eval(apply_overrides(load_config(EVAL_FAKE), list(overrides)))
+
+    with pytest.raises(ConfigError, match=r"cluster.ray_address: .*set cluster.ray_address=auto"):
+        eval_config("cluster.ray_address=not an address")
+    with pytest.raises(ConfigError, match=r"set cluster.gym_placement=ray"):
+        eval_config("env.nemo_gym.agent_replicas=2")
+    cfg = eval_config(
+        "cluster.ray_address=auto", "cluster.gym_placement=ray", "cluster.gym_node_resource=gym_cpu",
+        "env.nemo_gym.agent_replicas=2",
+    )  # fmt: skip
+    assert cfg.cluster == ClusterConfig(ray_address="auto", gym_placement="ray", gym_node_resource=GYM)
+    assert cfg.gym_env().agent_replicas == 2
+    grpo = apply_overrides(load_config(GRPO_SMOKE), ["++env.nemo_gym.resources_replicas=2"])
+    with pytest.raises(ConfigError, match=r"set cluster.gym_placement=ray"):
+        validate_config(grpo, GRPOMasterConfig)
+    with pytest.raises(ConfigError, match=r"cluster.gym_node_resource: .*custom resource name"):
+        validate_config(apply_overrides(grpo, ["++cluster.gym_node_resource=GPU"]), GRPOMasterConfig)
+
+
+def test_a_placement_the_cluster_cannot_hold_is_refused_at_once_naming_the_fix(cluster, tmp_path):
+    spec = ServerSpec(RESOURCES_SERVER, "resources_servers", "tau2", RESOURCES_SERVER_CLASS, {"domain": "agent"})
+    config = ClusterConfig(ray_address=cluster[0].address, gym_placement="ray", gym_node_resource="gpu_free_cpu")
+    began = time.monotonic()
+    with pytest.raises(ServerStartError, match=r"cannot hold 1 Gym server bundles .* ray start --resources="):
+        RayGymServers([ServerGroup("resources", [spec])], config, log_dir=tmp_path).start()
+    assert time.monotonic() - began < 60  # not the startup timeout
+
+
+def test_each_replica_runs_on_a_gym_node_and_binds_the_address_its_node_reports(cluster, environment):
+    head, workers = cluster[0].head_node, cluster[1]
+    placement = environment.servers.placement
+    gym_nodes = {worker.node_id for worker in workers}
+    assert {node["node_id"] for node in placement.values()} == gym_nodes  # none on the "GPU" head
+    assert head.node_id not in gym_nodes
+    assert {placement[name]["node_id"] for name in RESOURCES} == gym_nodes  # SPREAD: one replica per node
+    assert {placement[name]["node_id"] for name in AGENTS} == gym_nodes
+    for i, agent in enumerate(AGENTS):  # an agent's model servers share its node
+        suffix = "" if i == 0 else f"_{i}"
+        for model in (POLICY_MODEL + suffix, USER_MODEL + suffix):
+            assert placement[model]["node_id"] == placement[agent]["node_id"]
+    for name, node in placement.items():
+        assert environment.servers.url(name).startswith(f"http://{node['ip']}:")
+    assert environment.agent_urls == {AGENT: [environment.servers.url(name) for name in AGENTS]}
+
+
+def test_episodes_balance_over_the_replicas_and_each_stays_on_one_resources_replica(environment):
+    results = run_nemo_gym_rollout_sync(
+        _rows(["0", "1", "2"], sample=0), environment.agent_urls, SAMPLING, 1, keep_full_result=True
+    )
+    assert [r.status for r in results] == [OK] * 6 and all(r.reward == 1.0 for r in results)
+    started, seeded = _started(environment, sample=0), _seeded(environment)
+    assert set(started) == {(r.domain, r.task_id) for r in results}
+    assert set(Counter(agent for agent, _ in started.values())) == set(AGENTS)  # both agents got episodes
+    replica_of = {episode: seeded[key] for episode, (_, key) in started.items()}
+    assert set(replica_of.values()) == set(RESOURCES)  # both resources replicas got episodes
+    # Every tool call of an episode reached the replica that seeded it: per replica, the tool POSTs in its access
+    # log are exactly the tool calls of the episodes it seeded, and it verified exactly those episodes.
+    tool_calls = Counter()
+    for r in results:
+        calls = [item for item in r.full_result["response"]["output"] if item.get("type") == "function_call"]
+        tool_calls[replica_of[(r.domain, r.task_id)]] += len(calls)
+    for name in RESOURCES:
+        posts = [m[1] for line in _log_lines(environment, name) if (m := POSTED.search(line))]
+        assert sum(path not in PROTOCOL_ROUTES for path in posts) == tool_calls[name] > 0, name
+        assert posts.count("/verify") == posts.count("/seed_session") == Counter(replica_of.values())[name]
+
+
+def test_a_lost_node_fails_only_the_episodes_it_held_and_leaves_no_process(cluster, environment):
+    servers = environment.servers
+    lost = servers.placement[AGENTS[1]]["node_id"]
+    lost_servers = [name for name, node in servers.placement.items() if node["node_id"] == lost]
+    (lost_resources,) = set(lost_servers) & set(RESOURCES)
+    environment.policy.engine.set_latency(100)  # episodes long enough to be cut
+    rows, results = _rows([str(i) for i in range(6)], sample=1), []
+    run = threading.Thread(
+        target=lambda: results.extend(
+            run_nemo_gym_rollout_sync(rows, environment.agent_urls, SAMPLING, 1, max_concurrency=4)
+        )
+    )
+    run.start()
+    deadline = time.monotonic() + 120
+    while requests.get(servers.url(AGENTS[1]) + "/progress", timeout=10).json()["running_episodes"] < 1:
+        assert time.monotonic() < deadline, "no episode reached the agent on the node to lose"
+        time.sleep(0.1)
+    cluster[0].remove_node(next(w for w in cluster[1] if w.node_id == lost), allow_graceful=False)  # a crash
+    run.join(timeout=300)
+    assert not run.is_alive() and len(results) == 12
+    failed = {(r.domain, r.task_id) for r in results if r.status != OK}
+    started, seeded = _started(environment, sample=1), _seeded(environment)
+    held = {
+        episode for episode, (agent, key) in started.items() if agent == AGENTS[1] or seeded.get(key) == lost_resources
+    }
+    assert failed and failed <= held  # cut mid-episode, never another node's
+    assert len(failed) <= 4  # at most what was running: later episodes went to the survivors
+    assert all(r.reward is None for r in results if r.status != OK)
+    assert all(r.reward == 1.0 for r in results if r.status == OK)
+    lost_pids = [servers.pid(name) for name in lost_servers]
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in lost_pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in lost_pids)
+    (survivor,) = set(servers.launchers) - {lost}
+    survivors = [servers.pid(name) for name, node in servers.placement.items() if node["node_id"] == survivor]
+    import_ray().kill(servers.launchers[survivor])  # the launcher actor ends: its node's servers with it
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in survivors) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in survivors)
+    pids, urls = servers.process_ids(), [servers.url(name) for name in servers.placement]
+    environment.stop()  # placement groups removed, the run's Ray connection closed
+    assert not [pid for pid in pids if _alive(pid)]  # the fork servers too
+    for url in urls:
+        _assert_free(url)
+
+
+HEAD_RUN = """
+import json, sys, time
+from nemo_tau2.cluster import ClusterConfig
+from nemo_tau2.gym.launch import ServerSpec
+from nemo_tau2.gym.ray_servers import RayGymServers
+from nemo_tau2.gym.stack import RESOURCES_SERVER_CLASS, ServerGroup
+
+spec = ServerSpec("tau2_resources_server", "resources_servers", "tau2", RESOURCES_SERVER_CLASS, {"domain": "agent"})
+cluster = ClusterConfig(ray_address=sys.argv[1], gym_placement="ray", gym_node_resource="gym_cpu")
+with RayGymServers([ServerGroup("resources", [spec])], cluster, log_dir=sys.argv[2]) as servers:
+    print("SERVING", json.dumps({"pids": servers.process_ids(), "url": servers.url(spec.name)}), flush=True)
+    while True:
+        time.sleep(1)
+"""
+
+
+def test_ctrl_c_on_the_head_process_stops_its_ray_placed_servers(cluster, tmp_path):
+    head = subprocess.Popen(
+        [sys.executable, "-c", HEAD_RUN, cluster[0].address, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as from a terminal
+    )
+    try:
+        lines = iter(head.stdout.readline, "")  # Ray may print its own lines to the driver's stdout
+        started = json.loads(next((line for line in lines if line.startswith("SERVING ")), " {}").split(" ", 1)[1])
+        assert started, "the head process did not start its servers"
+        assert requests.get(started["url"] + "/", timeout=10).ok
+        head.send_signal(signal.SIGINT)
+        head.wait(timeout=60)
+    finally:
+        head.kill()
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in started["pids"]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in started["pids"])
+    _assert_free(started["url"])
