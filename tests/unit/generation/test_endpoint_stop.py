@@ -16,6 +16,8 @@ import urllib.request
 import pytest
 from fastapi import FastAPI, Request
 
+from nemo_tau2.generation.engine import GenerationRequest, GenerationResult
+from nemo_tau2.generation.hf_engine import HFEngine
 from nemo_tau2.generation.serving import BackgroundServer
 from nemo_tau2.generation.tiny_model import build_tiny_model
 from nemo_tau2.gym.launch import free_port
@@ -100,6 +102,32 @@ def test_llamacpp_stops_generating_for_a_client_that_has_gone(llamacpp_server):
     answer = _chat(url, max_tokens=4, timeout_s=60, messages=[{"role": "user", "content": "Hi"}])
     assert answer["usage"]["completion_tokens"] == 4
     assert time.monotonic() - started < 20
+
+
+def test_hf_drops_a_cancelled_generation_and_serves_the_next_request_at_once():
+    """A request cancelled (its client gone) leaves the batch between two tokens and the worker serves on; it used to
+    be decoded to the end and then kill the worker (setting the result of a cancelled future raises)."""
+    tiny = build_tiny_model(seed=1)
+    engine = HFEngine(tiny.model, tiny.tokenizer, model_name="tiny", max_batch_size=1)  # the next one must wait
+    prompt = tiny.tokenizer("Count from 1 to 5000.").input_ids
+
+    def request(max_tokens: int) -> GenerationRequest:
+        return GenerationRequest(prompt, max_tokens, temperature=0.0, top_p=1.0, seed=0, top_logprobs=0)
+
+    async def cancel_one_then_ask() -> tuple[float, GenerationResult]:
+        long = asyncio.create_task(engine.generate(request(900)))  # ~20 s of decoding on a loaded 2-core VM
+        await asyncio.sleep(1.0)
+        long.cancel()
+        started = time.monotonic()
+        answer = await asyncio.wait_for(engine.generate(request(4)), timeout=60)
+        return time.monotonic() - started, answer
+
+    try:
+        seconds, answer = asyncio.run(cancel_one_then_ask())
+    finally:
+        engine.close()
+    assert len(answer.tokens) == 4
+    assert seconds < 5
 
 
 def test_hf_sigterm_with_generations_in_flight_exits_within_five_seconds(hf_server):
