@@ -38,6 +38,11 @@ COLUMNS = [
 def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("nemo_tau2").setLevel(logging.INFO)  # a line per server as it starts, resuming, checkpoints
+    plain = logging.StreamHandler(sys.stderr)  # progress lines off a terminal: the line alone, as run_eval.py's
+    plain.setFormatter(logging.Formatter("%(message)s"))
+    progress_logger = logging.getLogger("nemo_tau2.evals.progress_display")
+    progress_logger.addHandler(plain)
+    progress_logger.propagate = False
     return training_cli.run(_main)
 
 
@@ -45,9 +50,8 @@ def _main() -> int:
     from nemo_tau2.algorithms.grpo_config import GRPOMasterConfig
 
     args, raw, cfg = training_cli.read_config(sys.argv[1:], GRPOMasterConfig)
-    from tqdm import tqdm
-
     from nemo_tau2.algorithms import grpo
+    from nemo_tau2.evals.progress_display import StepProgress
     from nemo_tau2.testing.warm_start import build_tiny_policy
 
     training_cli.check_memory_plan(grpo.plan_memory, cfg, args)
@@ -74,6 +78,11 @@ def _main() -> int:
         print(f"building the warm-started tiny policy into {cfg.policy.model_name} ...", file=sys.stderr)
         build_tiny_policy(cfg.tiny_policy, train_rows, cfg.policy.model_name)
     training_cli.write_run_config(cfg.logger.log_dir, raw)
+    print(
+        f"starting: the trainer ({cfg.policy.model_name}), {cfg.policy.generation.backend} generation and the "
+        "tau2 Gym servers ...",
+        file=sys.stderr,
+    )
     with training_cli.starting():
         setup = grpo.setup(cfg, train_rows, val_rows)
     if setup.start_step:
@@ -82,18 +91,16 @@ def _main() -> int:
             f"({cfg.checkpointing.checkpoint_dir})",
             file=sys.stderr,
         )
-    progress = tqdm(total=cfg.grpo.max_num_steps, initial=setup.start_step, desc="GRPO steps", unit="step")
+    progress = StepProgress(cfg.grpo.max_num_steps, setup.start_step)
     progress.write(console_table.header(COLUMNS))
-    setup.on_rollout_progress = lambda snapshot: progress.set_postfix_str(
-        f"rollout {snapshot.episodes_done}/{snapshot.episodes_total} episodes, {snapshot.describe()}"
-    )
+    setup.on_rollout_progress = progress.on_progress
 
     def on_step(step: int, metrics: dict) -> None:
         progress.write(console_table.row(COLUMNS, step, metrics))
         val = {k: v for k, v in metrics.items() if k.startswith("val/") and "pass@1" in k}
         if val:
             progress.write("  validation: " + ", ".join(f"{k.removeprefix('val/')}={v:.3f}" for k, v in val.items()))
-        progress.update(1)
+        progress.step_done(int(metrics.get("train/rollout/num_infrastructure_errors", 0)))
 
     try:
         grpo.grpo_train(setup, on_step=on_step)

@@ -14,6 +14,7 @@ Reported logprobs are those of the raw model distribution (see :mod:`nemo_tau2.g
 
 import asyncio
 import concurrent.futures
+import contextlib
 import itertools
 import logging
 import queue
@@ -273,6 +274,12 @@ class HFEngine:
                 new = self._take(self.max_batch_size - len(batch), 0.0)
             else:
                 new = []  # an update is waiting: finish the rows in flight, admit nothing
+            new = [pending for pending in new if not pending.future.cancelled()]
+            gone = {tag for tag, future in futures.items() if future.cancelled()}
+            if gone:  # cancelled requests (the client left, the server stops) are dropped between tokens
+                batch.drop(gone)
+                for tag in gone:
+                    del futures[tag]
             try:
                 if new:
                     new_tags = [next(tags) for _ in new]
@@ -283,12 +290,14 @@ class HFEngine:
             except Exception as e:  # the worker must survive a failing step; each caller gets the error
                 logger.exception("hf generation step failed")
                 for future in futures.values():
-                    future.set_exception(EngineError(f"generation failed: {e!r}"))
+                    with contextlib.suppress(concurrent.futures.InvalidStateError):  # cancelled meanwhile
+                        future.set_exception(EngineError(f"generation failed: {e!r}"))
                 futures.clear()
                 batch = DecodeBatch(self.model, self.end_of_turn_ids, self._pad_id)
                 continue
             for tag, output in finished:
-                futures.pop(tag).set_result(self._result(output))
+                with contextlib.suppress(concurrent.futures.InvalidStateError):  # cancelled meanwhile
+                    futures.pop(tag).set_result(self._result(output))
 
     def _row(self, request: GenerationRequest) -> RowRequest:
         generator = torch.Generator()

@@ -158,6 +158,12 @@ class DecodeBatch:
             self._advance(tokens)
         return finished
 
+    def drop(self, tags: set[Any]) -> None:
+        """Stop decoding the rows with these tags (their callers have gone): they free their place at once."""
+        keep = [i for i, live in enumerate(self.rows) if live.tag not in tags]
+        if len(keep) < len(self.rows):
+            self._select(keep)
+
     def _select(self, keep: list[int]) -> None:
         index = torch.tensor(keep, dtype=torch.long, device=self.device)
         self.rows = [self.rows[i] for i in keep]

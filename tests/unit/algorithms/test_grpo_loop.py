@@ -8,6 +8,7 @@ read of the same change.
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -187,9 +188,17 @@ def test_run_grpo_killed_mid_run_resumes_where_its_last_checkpoint_left_off(tiny
     os.killpg(run.pid, signal.SIGKILL)
     run.wait()
 
-    rerun = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
-    resumed_at = int(rerun.stderr.split("resuming: ")[1].split()[0])
+    log = tmp_path / "rerun.log"  # as on a cluster or under nohup: output to a file
+    started = time.monotonic()
+    with log.open("wb") as out:
+        rerun = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, timeout=300)
+    elapsed, text = time.monotonic() - started, log.read_bytes().decode()
+    assert rerun.returncode == 0, text[-3000:]
+    assert "\r" not in text  # no progress bar redrawn with carriage returns
+    progress_lines = [line for line in text.splitlines() if re.match(r"steps \d+/4, ", line)]
+    assert re.fullmatch(r"steps 4/4, infra_errors=0, \d+ s/step", progress_lines[-1])  # the closing line
+    assert len(progress_lines) <= elapsed / 30 + 2  # a plain line at most every 30 s
+    resumed_at = int(text.split("resuming: ")[1].split()[0])
     assert resumed_at >= 2
     assert (tmp_path / "checkpoints" / "step_4").is_dir()
     logged = [json.loads(line)["step"] for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]

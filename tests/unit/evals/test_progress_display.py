@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from nemo_tau2.evals.progress_display import WAITING, EpisodeProgress
+from nemo_tau2.evals.progress_display import WAITING, EpisodeProgress, StepProgress
 from nemo_tau2.experience.progress import RolloutProgress
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -28,6 +28,24 @@ def test_off_a_terminal_each_line_says_done_running_turns_errors_and_rate(caplog
     assert lines[1].startswith("episodes 1/4 (pass=-), 3 running, 6 turns, 45 tok/s, infra_errors=0, ")
     assert lines[-1].startswith("episodes 3/4 (pass=100.0%), ") and "infra_errors=1" in lines[-1]
     assert all(line.endswith(" ep/s") for line in lines)
+
+
+def test_grpo_lines_say_steps_the_rollout_inside_the_step_infra_errors_and_rates(caplog):
+    with (
+        caplog.at_level(logging.INFO, logger="nemo_tau2.evals.progress_display"),
+        StepProgress(total=4, done=1, stream=io.StringIO(), interval_s=0.0) as progress,
+    ):
+        progress.on_progress(RolloutProgress(16, 0, 16, 1.0, policy_turns=0, user_turns=0, generation_tokens=0))
+        progress.on_progress(RolloutProgress(16, 8, 8, 4.0, policy_turns=30, user_turns=9, generation_tokens=400))
+        progress.step_done(infra_errors=2)
+        progress.on_progress(RolloutProgress(16, 0, 16, 0.5, policy_turns=0, user_turns=0, generation_tokens=0))
+        progress.step_done(infra_errors=1)
+    lines = [record.getMessage() for record in caplog.records]
+    assert lines[0] == f"steps 1/4, {WAITING}, infra_errors=0"
+    assert lines[1] == "steps 1/4, rollouts 8/16, 8 running, 30 turns, 100 tok/s, 2.00 rollouts/s, infra_errors=0"
+    assert re.fullmatch(r"steps 2/4, infra_errors=2, \d+ s/step", lines[2])
+    assert lines[3].startswith("steps 2/4, rollouts 0/16, 16 running, 0 turns, ")  # not waiting: a model answered
+    assert re.fullmatch(r"steps 3/4, infra_errors=3, \d+ s/step", lines[-1])
 
 
 def test_lines_come_at_most_once_per_interval(caplog):
