@@ -43,6 +43,7 @@ def main(argv: list[str]) -> int:
     from nemo_tau2.algorithms.grpo_config import GRPOEnvConfig
     from nemo_tau2.algorithms.sft_data import conversation_from_episode
     from nemo_tau2.algorithms.training_setup import start_rollout_stack
+    from nemo_tau2.cluster import ClusterConfig
     from nemo_tau2.evals.config import UserSimulatorConfig
     from nemo_tau2.experience.rollouts import SamplingParams, run_nemo_gym_rollout_sync
     from nemo_tau2.generation.config import GenerationConfig
@@ -64,6 +65,7 @@ def main(argv: list[str]) -> int:
         policy=SimpleNamespace(generation=policy),
         user=UserSimulatorConfig.model_validate({"generation": FAKE | {"temperature": 0.0}}),
         env=GRPOEnvConfig(),
+        cluster=ClusterConfig(),  # this machine: the Gym servers forked here
         logger=SimpleNamespace(log_dir=str(args.log_dir or args.output.parent / "oracle_logs")),
     )
     n = args.samples_per_task
