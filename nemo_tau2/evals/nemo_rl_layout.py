@@ -4,8 +4,7 @@ NeMo-RL's Gym evaluation (``examples/configs/evals/nemo_gym_eval.yaml``, PR #245
 ``eval``, ``generation``, ``tokenizer``, ``data``, ``env``, ``cluster``. :func:`translate_eval_config` rewrites such a
 config into our layout (``policy.generation``, ``eval.k_values``, ``data.data_path``, ``env.nemo_gym``, ...) so that
 :class:`~nemo_tau2.evals.config.EvalMasterConfig` stays the one schema of every setting. It runs on every eval config;
-a config already in our layout passes through unchanged, and the aliases (``eval.k_value``, top-level
-``generation``...) work in either.
+a config already in our layout passes through unchanged; aliases (``eval.k_value``, ``generation``...) work in either.
 
 Every upstream key is used, or accepted with the reason in :data:`ACCEPTED`; a value we cannot honour (pipeline
 parallelism, colocation on a backend that is not vLLM, a dataset that is not Gym rows, a Gym server config that is not
@@ -92,8 +91,7 @@ def translate_eval_config(data: dict[str, Any], *, config_name: str = "eval") ->
     """Rewrite a resolved eval config (NeMo-RL's layout, ours, or a mix) into our layout.
 
     Args:
-        data: The config as plain data, interpolations resolved (``${generation.model_name}`` must be read before
-            ``generation`` moves).
+        data: The config as plain data, interpolations resolved (``${generation.model_name}`` read before it moves).
         config_name: Names the default results folder (``results/<config_name>``) when ``eval.save_path`` is null.
 
     Raises:
