@@ -18,6 +18,7 @@ from pathlib import Path
 import nemo_tau2  # noqa: F401  (offline settings before tau2 loads litellm)
 from nemo_tau2.config import ConfigError, apply_overrides, load_config, parse_args
 from nemo_tau2.evals.eval import run_eval, setup_eval
+from nemo_tau2.evals.progress_display import log_plainly
 from nemo_tau2.generation.errors import GenerationStartupError
 from nemo_tau2.gym.launch import ServerStartError
 
@@ -25,20 +26,9 @@ from nemo_tau2.gym.launch import ServerStartError
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "evals" / "tau2_cpu_demo.yaml"
 
 
-def _show_progress_lines() -> None:
-    """The run's lines at the default log level, plain: config, results, a line per server as it starts,
-    resuming, nothing left to do."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    evals_logger = logging.getLogger("nemo_tau2")
-    evals_logger.setLevel(logging.INFO)
-    evals_logger.addHandler(handler)
-    evals_logger.propagate = False
-
-
 def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    _show_progress_lines()
+    log_plainly("nemo_tau2")  # the run's lines, plain: a line per server as it starts, resuming, progress
     args = parse_args(sys.argv[1:], default_config=DEFAULT_CONFIG)
     cfg = None
     try:

@@ -38,11 +38,9 @@ COLUMNS = [
 def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("nemo_tau2").setLevel(logging.INFO)  # a line per server as it starts, resuming, checkpoints
-    plain = logging.StreamHandler(sys.stderr)  # progress lines off a terminal: the line alone, as run_eval.py's
-    plain.setFormatter(logging.Formatter("%(message)s"))
-    progress_logger = logging.getLogger("nemo_tau2.evals.progress_display")
-    progress_logger.addHandler(plain)
-    progress_logger.propagate = False
+    from nemo_tau2.evals.progress_display import log_plainly
+
+    log_plainly()  # progress lines off a terminal: the line alone, as run_eval.py's
     return training_cli.run(_main)
 
 

@@ -23,6 +23,17 @@ PLAIN_INTERVAL_S = 30.0
 WAITING = "waiting for the first model answer (model loading, prompt processing)"
 
 
+def log_plainly(name: str = __name__) -> None:
+    """Logger ``name``'s records at INFO and up go to stderr as the message alone (not the root handler's
+    ``LEVEL name:`` prefix): the progress lines, and what else a front door wants read as plain output."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    plain = logging.getLogger(name)
+    plain.setLevel(logging.INFO)
+    plain.addHandler(handler)
+    plain.propagate = False
+
+
 class ProgressDisplay:
     """The mechanism: a live tqdm bar on a terminal (its postfix updated in place); off a terminal one plain line
     (logged) at most every ``interval_s`` seconds and one at the end. Subclasses say what the line and the postfix
