@@ -75,21 +75,21 @@ def _check_validation_episodes_become_sft_rows(folder: Path, val_rows: list[dict
         assert ids == last["prompt_token_ids"] + last["generation_token_ids"]
 
 
-def _train_and_validate(tiny_policy: Path, tmp: Path, *overrides: str) -> dict:
-    cfg = _config(tmp, tiny_policy, "grpo.max_num_steps=8", "checkpointing.enabled=false", *overrides)
+def _train_and_validate(tiny_policy: Path, tmp: Path, *overrides: str, steps: int = 8, before: bool = True) -> dict:
+    cfg = _config(tmp, tiny_policy, f"grpo.max_num_steps={steps}", "checkpointing.enabled=false", *overrides)
     train_rows, val_rows = grpo.load_rows(cfg)
     s = grpo.setup(cfg, train_rows, val_rows)
     try:
-        before = grpo.validate(s, 0)["val/overall/mean_reward"]
+        start = grpo.validate(s, 0)["val/overall/mean_reward"] if before else None
         history = grpo.grpo_train(s)
-        after = grpo.validate(s, 8)["val/overall/mean_reward"]
+        after = grpo.validate(s, steps)["val/overall/mean_reward"]
         trained = s.policy.save_hf_model(tmp / "trained")
     finally:
         s.close()
-    assert len(history) == 8
+    assert len(history) == steps
     assert all(step["train/rollout/num_infrastructure_errors"] == 0 for step in history)
-    _check_validation_episodes_become_sft_rows(tmp / "logs" / "validation" / "step_8", val_rows, cfg)
-    return {"before": before, "after": after, "margin": first_call_preference(trained, train_rows)}
+    _check_validation_episodes_become_sft_rows(tmp / "logs" / "validation" / f"step_{steps}", val_rows, cfg)
+    return {"before": start, "after": after, "margin": first_call_preference(trained, train_rows)}
 
 
 def test_grpo_raises_the_mean_reward_and_the_same_run_without_updates_does_not(tiny_policy, tmp_path):
@@ -98,13 +98,16 @@ def test_grpo_raises_the_mean_reward_and_the_same_run_without_updates_does_not(t
     margin_before = first_call_preference(tiny_policy, train_rows)
     episodes = "grpo.val_num_generations_per_prompt=64"  # 2 tasks x 64: a mean's noise is about 0.045
     learned = _train_and_validate(tiny_policy, tmp_path / "learned", episodes)
-    frozen = _train_and_validate(tiny_policy, tmp_path / "frozen", episodes, "policy.optimizer.kwargs.lr=0.0")
+    # the control: the same loop without updates (2 steps: its weights are checked bit for bit below, so more steps
+    # would only sample the start's rate again, at CI's expense)
+    frozen = _train_and_validate(
+        tiny_policy, tmp_path / "frozen", episodes, "policy.optimizer.kwargs.lr=0.0", steps=2, before=False
+    )
 
     # measured: 0.50-0.63 -> 0.83-0.97 mean reward in 8 steps with updates, 0.50 -> 0.53 without (the start varies
     # from run to run: continuous batching changes the numerics, hence the samples)
     assert learned["after"] > learned["before"] + 0.15, learned
     assert learned["after"] > frozen["after"] + 0.15, (learned, frozen)
-    assert frozen["after"] < frozen["before"] + 0.2, frozen
     # the exact read of the same thing: the right call's log-probability margin over the wrong one
     assert abs(margin_before) < 1.0, f"the warm start should leave the two calls near even, margin {margin_before:.2f}"
     assert learned["margin"] > margin_before + 1.5, (margin_before, learned)
