@@ -83,14 +83,23 @@ def import_ray() -> Any:
 @contextmanager
 def ray_connection(cluster: ClusterConfig, **local_init_kwargs: Any) -> Iterator[Any]:
     """Ray for the duration of the block: the one this process already joined, else ``cluster.ray_address``'s,
-    else a local one started here (with ``local_init_kwargs``) and stopped at the end. Yields the ``ray`` module."""
+    else a local one started here (with ``local_init_kwargs``) and stopped at the end. Yields the ``ray`` module.
+
+    Opened once by a run before anything that uses Ray (see ``training_setup.open_cluster``), every later user (the
+    trainer's workers, the Gym servers) finds it joined and places its actors on that one cluster."""
     ray = import_ray()
     owned = not ray.is_initialized()
     if owned:
         kwargs: dict[str, Any] = {"include_dashboard": False, "configure_logging": False}
-        if cluster.ray_address is None:
+        address = cluster.ray_address
+        if address is None:
             kwargs |= local_init_kwargs
-        ray.init(address=cluster.ray_address, **kwargs)
+            # null means a Ray of this run's own: Ray's default would join whatever cluster this machine started last
+            # (and refuse the local sizing); inside a Ray job, RAY_ADDRESS says which cluster is the run's
+            address = os.environ.get("RAY_ADDRESS") or "local"
+            if address != "local":
+                kwargs = {key: value for key, value in kwargs.items() if key not in local_init_kwargs}
+        ray.init(address=address, **kwargs)
         logger.info("Ray: %s", "started locally" if cluster.ray_address is None else f"joined {cluster.ray_address}")
     try:
         yield ray

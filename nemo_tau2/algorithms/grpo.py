@@ -98,6 +98,7 @@ def setup(cfg: GRPOMasterConfig, train_rows: list[dict], val_rows: list[dict]) -
     """Start the trainer, the generation backend, the tau2 environment; resume from the latest checkpoint."""
     resources = ExitStack()
     try:
+        training_setup.open_cluster(cfg, resources)  # first: the trainer's workers and the Gym servers join it
         torch.manual_seed(cfg.grpo.seed)
         policy = Policy(
             cfg.policy, init_reference_model=cfg.loss_fn.reference_policy_kl_penalty > 0, seed=cfg.grpo.seed

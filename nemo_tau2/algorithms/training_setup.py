@@ -8,11 +8,13 @@ the evaluator's metrics, and the newest whole checkpoint to resume from. The con
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from nemo_tau2.cluster import ray_connection
 from nemo_tau2.evals.metrics import EpisodeRecord, compute_eval_metrics
 from nemo_tau2.evals.results import RolloutLog, record_of
 from nemo_tau2.experience.progress import RolloutProgress
@@ -82,6 +84,23 @@ def train_and_val_rows(data: Any, what: str = "data") -> tuple[list[dict], list[
         data_path=data.val_data_path, split=data.val_split, split_key="val_split", path_key="val_data_path", **common
     )
     return train_rows, val_rows
+
+
+def open_cluster(cfg: Any, resources: ExitStack) -> None:
+    """Join (or start) the run's Ray before anything that uses it, closed by ``resources`` after them.
+
+    The trainer's Ray workers (``policy.num_workers`` > 1) and the Ray-placed Gym servers then share one cluster:
+    ``cluster.ray_address``'s when set, so the trainer's ranks are placed there too, or a local one sized for both
+    (a Ray started by the trainer alone would hold only its own ranks' CPUs, and the Gym servers found no room).
+    A run that uses no Ray starts none.
+    """
+    cluster, gym = cfg.cluster, cfg.env.nemo_gym
+    if cluster.ray_address is None and cluster.gym_placement == "local" and cfg.policy.num_workers == 1:
+        return
+    gym_bundles = gym.agent_replicas + gym.resources_replicas if cluster.gym_placement == "ray" else 0
+    trainer_cpus = cfg.policy.num_workers if cfg.policy.num_workers > 1 else 0
+    num_cpus = max(os.cpu_count() or 1, trainer_cpus + gym_bundles)
+    resources.enter_context(ray_connection(cluster, num_cpus=num_cpus))
 
 
 def start_rollout_stack(

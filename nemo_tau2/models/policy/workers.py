@@ -14,11 +14,12 @@ A sharded policy with one rank runs in this process in a one-rank group of its o
 import logging
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import ExitStack
 from typing import Any
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from nemo_tau2.cluster import import_ray
+from nemo_tau2.cluster import ClusterConfig, import_ray, ray_connection
 from nemo_tau2.models.policy.building import architecture_of
 from nemo_tau2.models.policy.config import PolicyConfig
 from nemo_tau2.models.policy.worker import PolicyWorker
@@ -75,13 +76,10 @@ class RayWorkerGroup:
         ray = self._ray = import_ray()
         self.world_size = cfg.num_workers
         self.actors: list[Any] = []
-        self._owns_ray = not ray.is_initialized()
+        self._ray_connection = ExitStack()  # a local Ray of this group's own, when no run opened one before it
         started = time.monotonic()
-        if self._owns_ray:
-            kwargs: dict[str, Any] = {"include_dashboard": False, "configure_logging": False}
-            if cfg.device == "cpu":
-                kwargs["num_cpus"] = cfg.num_workers
-            ray.init(**(kwargs | (ray_init_kwargs or {})))
+        local_sizing: dict[str, Any] = {"num_cpus": cfg.num_workers} if cfg.device == "cpu" else {}
+        self._ray_connection.enter_context(ray_connection(ClusterConfig(), **(local_sizing | (ray_init_kwargs or {}))))
         try:
             resources = {"num_cpus": 1, "num_gpus": 1 if cfg.device == "cuda" else 0}
             actor_cls = ray.remote(**resources)(PolicyWorker)
@@ -99,10 +97,15 @@ class RayWorkerGroup:
             address = ray.get(self.actors[0].rendezvous_address.remote())
             ray.get([actor.init_distributed.remote(address) for actor in self.actors])
             ray.get([actor.seed.remote(seed + rank) for rank, actor in enumerate(self.actors)])
+            self.node_ids: list[str] = ray.get([actor.__ray_call__.remote(_node_id) for actor in self.actors])
         except BaseException:
             self.shutdown()
             raise
-        logger.info("%d Ray policy workers ready in %.1f s", self.world_size, time.monotonic() - started)
+        logger.info(
+            "%d Ray policy workers ready in %.1f s on %d node(s) of the Ray cluster at %s",
+            self.world_size, time.monotonic() - started, len(set(self.node_ids)),
+            ray.get_runtime_context().gcs_address,
+        )  # fmt: skip
 
     def run(self, method: str, per_worker_args: Sequence[tuple]) -> list[Any]:
         if len(per_worker_args) != len(self.actors):
@@ -144,6 +147,9 @@ class RayWorkerGroup:
             for actor in self.actors:
                 ray.kill(actor)
             self.actors = []
-        if self._owns_ray and ray.is_initialized():
-            ray.shutdown()
-            self._owns_ray = False
+        self._ray_connection.close()
+
+
+def _node_id(_worker: PolicyWorker) -> str:
+    """The Ray node a worker actor runs on (run inside the actor through ``__ray_call__``)."""
+    return import_ray().get_runtime_context().get_node_id()

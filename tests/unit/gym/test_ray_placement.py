@@ -7,6 +7,7 @@ resources replicas run there, the scripted fake engine plays policy and user. Wh
 """
 
 import json
+import math
 import re
 import signal
 import socket
@@ -15,6 +16,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -22,12 +24,15 @@ import requests
 from ray.cluster_utils import Cluster
 
 from nemo_tau2.algorithms.grpo_config import GRPOMasterConfig
+from nemo_tau2.algorithms.loss import NLLLossFn
+from nemo_tau2.algorithms.training_setup import open_cluster
 from nemo_tau2.cluster import ClusterConfig, import_ray
 from nemo_tau2.config import ConfigError, apply_overrides, load_config, validate_config
 from nemo_tau2.evals.config import EvalMasterConfig
 from nemo_tau2.evals.eval import setup_eval
 from nemo_tau2.experience.rollouts import OK, SamplingParams, run_nemo_gym_rollout_sync
 from nemo_tau2.generation import GenerationConfig
+from nemo_tau2.generation.tiny_model import build_tiny_model
 from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec
 from nemo_tau2.gym.episode_config import NemoGymEnvConfig
 from nemo_tau2.gym.http_client import RetryConfig
@@ -41,6 +46,7 @@ from nemo_tau2.gym.stack import (
     USER_MODEL,
     ServerGroup,
 )
+from nemo_tau2.models.policy import Policy, TrainingSequence
 from nemo_tau2.tau2_env.gym_rows import task_row
 
 GYM = "gym_cpu"
@@ -129,6 +135,34 @@ def _assert_free(url: str) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, int(port)))
         sock.listen()
+
+
+def test_a_run_joins_the_cluster_at_ray_address_and_its_trainer_ranks_train_there(cluster, tmp_path):
+    """``training_setup.open_cluster`` joins ``cluster.ray_address`` before the trainer starts: the trainer's Ray
+    ranks are actors of that cluster (not of a private local Ray), and gloo between them trains. First in the module:
+    the Gym servers of the later tests hold the worker nodes' CPUs."""
+    ray_cluster, _ = cluster
+    overrides = [f"cluster.ray_address={ray_cluster.address}", "policy.num_workers=2",
+                 f"checkpointing.checkpoint_dir={tmp_path}", f"logger.log_dir={tmp_path}"]  # fmt: skip
+    raw = apply_overrides(load_config(GRPO_SMOKE), overrides)
+    cfg = validate_config(raw, GRPOMasterConfig)
+    tiny = build_tiny_model(seed=0)
+    small = {"model_name": "tiny", "train_global_batch_size": 2, "train_micro_batch_size": 1}
+    policy_cfg = cfg.policy.model_copy(update=small | {"max_total_sequence_length": 32})
+    ray = import_ray()
+    with ExitStack() as resources:
+        open_cluster(cfg, resources)
+        assert ray.get_runtime_context().gcs_address == ray_cluster.address
+        policy = Policy(policy_cfg, model=tiny.model, tokenizer=tiny.tokenizer)
+        resources.callback(policy.shutdown)
+        assert set(policy._workers.node_ids) <= {node["NodeID"] for node in ray.nodes() if node["Alive"]}
+        sequences = [
+            TrainingSequence(list(range(5, 17)), [0] * 6 + [1] * 6, [-1.0] * 12, advantage=a) for a in (1, -1)
+        ]
+        metrics = policy.train(sequences, NLLLossFn())
+        assert metrics["num_optimizer_steps"] == 1 and math.isfinite(metrics["loss"])
+    assert not ray.is_initialized()  # the run left the cluster; the cluster runs on
+    assert len(ray_cluster.list_all_nodes()) == 3
 
 
 def test_cluster_keys_are_checked_with_a_one_line_fix_and_reach_the_eval():
