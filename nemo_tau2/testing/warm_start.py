@@ -100,15 +100,20 @@ def build_tiny_policy(cfg: TinyPolicyConfig, rows: list[dict], output_dir: str |
         reply_mask[i, len(prompt_ids) : len(prompt_ids) + len(reply_ids)] = 1.0
         attention[i, : len(prompt_ids) + len(reply_ids)] = 1
     weights = torch.tensor([weight for _, _, weight in examples])
-    targets, target_mask = ids[:, 1:], reply_mask[:, 1:]
+    # only the reply tokens are predicted: the vocabulary projection runs on their positions alone (the prompts are
+    # ~95% of the tokens, and the projection with its softmax was most of a step)
+    predicted = reply_mask[:, 1:].bool()
+    targets, example_of = ids[:, 1:][predicted], predicted.nonzero()[:, 0]
+    reply_lengths = predicted.sum(-1)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate)
     model.train()
     loss = torch.tensor(float("nan"))
     for _ in range(cfg.warm_start_steps):
         optimizer.zero_grad()
-        logprobs = torch.log_softmax(model(input_ids=ids, attention_mask=attention).logits[:, :-1].float(), dim=-1)
-        token_nll = -logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1) * target_mask
-        per_example = token_nll.sum(-1) / target_mask.sum(-1)
+        hidden = model.model(input_ids=ids, attention_mask=attention).last_hidden_state[:, :-1][predicted]
+        logprobs = torch.log_softmax(model.lm_head(hidden).float(), dim=-1)
+        token_nll = -logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        per_example = torch.zeros(len(examples)).index_add(0, example_of, token_nll) / reply_lengths
         loss = (weights * per_example).sum() / weights.sum()
         loss.backward()
         optimizer.step()

@@ -142,7 +142,7 @@ def test_a_run_joins_the_cluster_at_ray_address_and_its_trainer_ranks_train_ther
     ranks are actors of that cluster (not of a private local Ray), and gloo between them trains. First in the module:
     the Gym servers of the later tests hold the worker nodes' CPUs."""
     ray_cluster, _ = cluster
-    overrides = [f"cluster.ray_address={ray_cluster.address}", "policy.num_workers=2",
+    overrides = [f"++cluster.ray_address={ray_cluster.address}", "policy.num_workers=2",
                  f"checkpointing.checkpoint_dir={tmp_path}", f"logger.log_dir={tmp_path}"]  # fmt: skip
     raw = apply_overrides(load_config(GRPO_SMOKE), overrides)
     cfg = validate_config(raw, GRPOMasterConfig)
