@@ -14,7 +14,7 @@ from nemo_tau2.cluster import ClusterConfig
 from nemo_tau2.generation.validation import GREEDY_NOT_ALLOWED, GymGenerationConfig
 from nemo_tau2.gym.episode_config import CLUSTER_FOR_REPLICAS, NemoGymEnvConfig, UserSimulatorConfig
 from nemo_tau2.tau2_env import DOMAINS
-from nemo_tau2.tau2_release.config import GYM_SERVES_ONLY_V021, Tau2ReleaseConfig
+from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
 from nemo_tau2.utils.metrics_logger import LoggerConfig
 
 
@@ -112,8 +112,6 @@ class EvalMasterConfig(_Strict):
     @model_validator(mode="after")
     def _mode_settings(self) -> "EvalMasterConfig":
         problems = []
-        if self.tau2.version != "v0.2.1":
-            problems.append(GYM_SERVES_ONLY_V021)
         if self.eval.rollout_mode == "nemo_gym":
             if self.eval.verifier is not None:
                 problems.append("eval.verifier applies only to rollout_mode=single_turn")

@@ -38,6 +38,8 @@ from nemo_tau2.generation.local_models import register_local_model_resolver
 from nemo_tau2.generation.prefix_cache import PrefixCacheCounters
 from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec
 from nemo_tau2.tau2_env.gym_rows import load_rows
+from nemo_tau2.tau2_release.client import Tau2WorkerError
+from nemo_tau2.tau2_release.rows import release_rows
 from nemo_tau2.utils.metrics_logger import MetricsLogger
 
 logger = logging.getLogger(__name__)
@@ -85,16 +87,22 @@ def build_eval_rows(cfg: EvalMasterConfig) -> list[dict]:
     """
     data = cfg.data
     try:
-        rows = load_rows(
-            data_path=data.data_path,
-            domains_=data.domains,
-            split=data.split,
-            task_ids=data.task_ids,
-            num_tasks=data.num_tasks,
-            what="data",
-        )
-    except ValueError as e:
+        if cfg.tau2.version != "v0.2.1" and not data.data_path:  # the release's own tasks, from its worker
+            rows = release_rows(cfg.tau2, data.domains or [], data.split, data.task_ids, data.num_tasks)
+        else:
+            rows = load_rows(
+                data_path=data.data_path,
+                domains_=data.domains,
+                split=data.split,
+                task_ids=data.task_ids,
+                num_tasks=data.num_tasks,
+                what="data",
+            )
+    except (ValueError, Tau2WorkerError) as e:
         raise ConfigError(str(e)) from e
+    other = sorted({str(row.get("tau2_version", "v0.2.1")) for row in rows} - {cfg.tau2.version})
+    if other:
+        raise ConfigError(f"data.data_path holds rows of tau2 {other}, not tau2.version {cfg.tau2.version}")
     if not rows:
         raise ConfigError("the evaluation selects no tasks; check data.domains, data.split, data.task_ids")
     return rows
@@ -108,6 +116,7 @@ def environment_spec(cfg: EvalMasterConfig, rows: Sequence[dict], log_dir: Path)
         gym=cfg.gym_env(),
         log_dir=log_dir,
         cluster=cfg.cluster,
+        tau2=cfg.tau2,
     )
 
 

@@ -78,6 +78,7 @@ class RolloutResult:
     domain: str
     task_id: str
     status: EpisodeStatus
+    tau2_version: str | None = None  # the release that seeded the episode (None: it failed before seeding)
     policy_model: str | None = None
     reward: float | None = None
     success: bool | None = None
@@ -178,6 +179,7 @@ def result_from_response(
             **base,
             status=EpisodeStatus.INFRASTRUCTURE_ERROR,
             policy_model=body.get("policy_model") if isinstance(body, dict) else None,
+            tau2_version=body.get("tau2_version") if isinstance(body, dict) else None,
             error=f"agent /run HTTP {status_code}: {detail}",
             full_result=body if keep_full_result and isinstance(body, dict) else None,
         )

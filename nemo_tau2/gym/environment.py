@@ -30,6 +30,7 @@ from nemo_tau2.gym.fork_server import ForkServer
 from nemo_tau2.gym.launch import FORK_SERVER_LOG, GymServers
 from nemo_tau2.gym.ray_servers import RayGymServers
 from nemo_tau2.gym.stack import AGENT, ModelEndpoint, tau2_replicas, tau2_stack, tau2_stack_classes
+from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ class Tau2EnvironmentSpec:
     gym: NemoGymEnvConfig = field(default_factory=NemoGymEnvConfig)  # episode limits, server kinds, timeouts
     log_dir: str | Path | None = None
     cluster: ClusterConfig = field(default_factory=ClusterConfig)  # where the Gym servers run (gym_placement)
+    tau2: Tau2ReleaseConfig = field(default_factory=Tau2ReleaseConfig)  # the release the resources server serves
 
     def __post_init__(self) -> None:  # the gym rules hold for every block that drives these servers
         if isinstance(self.policy, GenerationConfig) and not isinstance(self.policy, GymGenerationConfig):
@@ -128,7 +130,10 @@ class Tau2Environment:
                 domains=self.spec.domains,
                 # The server process reads its config from YAML: the one schema, dumped whole at that boundary.
                 agent_config=self.spec.episode_settings().model_dump(mode="json", exclude_unset=True),
-                resources_config={"session_idle_timeout_s": gym.session_idle_timeout_s},
+                resources_config={
+                    "session_idle_timeout_s": gym.session_idle_timeout_s,
+                    "tau2": self.spec.tau2.model_dump(mode="json"),  # the one schema, whole, as the agent's
+                },
             )
             if on_ray:
                 groups = tau2_replicas(specs, gym.agent_replicas, gym.resources_replicas)

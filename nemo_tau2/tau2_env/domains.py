@@ -165,6 +165,11 @@ def chat_tool_schemas(domain: str, side: str = "assistant") -> list[dict]:
 
 def responses_tool_schemas(domain: str, side: str = "assistant") -> list[dict]:
     """The same tools in Responses API format (what NeMo-Gym rows and model servers take)."""
+    return as_responses_tools(_openai_schemas(domain, side))
+
+
+def as_responses_tools(openai_schemas: list[dict]) -> list[dict]:
+    """tau2's tool schemas (``Tool.openai_schema``, any release) in Responses API format."""
     return [
         {
             "type": "function",
@@ -173,7 +178,7 @@ def responses_tool_schemas(domain: str, side: str = "assistant") -> list[dict]:
             "parameters": schema["function"]["parameters"],
             "strict": False,
         }
-        for schema in _openai_schemas(domain, side)
+        for schema in openai_schemas
     ]
 
 

@@ -43,8 +43,8 @@ class Tau2ReleaseConfig(BaseModel):
     judge: NLJudgeConfig = Field(default_factory=NLJudgeConfig, description="v1.0.1's NL-assertion judge.")
 
 
-#: Why a run config with ``tau2.version: v1.0.1`` is refused for now (one line, naming what works).
-GYM_SERVES_ONLY_V021 = (
-    "tau2.version: v1.0.1 is not served by the Gym servers yet (only nemo_tau2.tau2_release.Tau2Worker runs it); "
-    "use tau2.version=v0.2.1"
+#: Why a GRPO config with ``tau2.version: v1.0.1`` is refused for now (one line, naming what works).
+GRPO_TRAINS_ONLY_V021 = (
+    "tau2.version: v1.0.1 is not trained on yet (GRPO's rows and Gym stack still take v0.2.1's tasks; evaluation "
+    "serves v1.0.1: examples/run_eval.py tau2.version=v1.0.1); use tau2.version=v0.2.1"
 )

@@ -54,6 +54,8 @@ class EpisodeState:
     outputs: list[dict] = field(default_factory=list)  # the policy's view after the row's input
     user_history: list[dict] = field(default_factory=list)  # the user's view (flipped roles)
     user_system_prompt: str = ""
+    tau2_version: str | None = None  # the release the resources server seeded the episode with (None: unseeded)
+    tau2_messages: list[dict] = field(default_factory=list)  # tau2's trajectory (what tau2 v1.0.1 scores)
     user_tools: list[dict] = field(default_factory=list)
     steps: int = 0
     errors: int = 0
@@ -127,6 +129,7 @@ def start_conversation(state: EpisodeState) -> None:
     """The agent's greeting (the row's last assistant message) opens the conversation; the user speaks next."""
     greeting = next((item_text(i) for i in reversed(state.row_input()) if i.get("role") == "assistant"), "")
     state.user_history.append(message_item("user", greeting))  # the agent's greeting, as the user sees it
+    state.tau2_messages.append({"role": "assistant", "content": greeting})
     state.sender, state.receiver = AGENT, USER
 
 
@@ -163,10 +166,23 @@ def _route(state: EpisodeState, turn: Turn | None, sender: str, error_reason: st
     if turn is None:
         state.termination_reason = error_reason
         return False
+    _record_message(state, turn, "assistant" if sender == AGENT else "user")
     if turn.calls:
         state.pending_calls, state.receiver = turn.calls, ENV
         return False
     return True
+
+
+def _record_message(state: EpisodeState, turn: Turn, role: str) -> None:
+    """The turn as the message tau2's orchestrator records (text and calls in one message, as tau2 keeps them)."""
+    if not turn.calls:
+        state.tau2_messages.append({"role": role, "content": turn.text})
+        return
+    calls = [
+        {"id": call_id, "name": call.name, "arguments": call.arguments or {}, "requestor": role}
+        for call_id, call in turn.calls
+    ]
+    state.tau2_messages.append({"role": role, "content": turn.text or None, "tool_calls": calls})
 
 
 def _end_of_hop(state: EpisodeState, settings: EpisodeSettings) -> None:
@@ -202,6 +218,10 @@ async def run_calls(
             output, failed = await session.call_tool(state, call.name, call.arguments, side, call_id)
         state.errors += failed
         history.append({"type": "function_call_output", "call_id": call_id, "output": output})
+        side = "assistant" if requestor == AGENT else "user"
+        state.tau2_messages.append(
+            {"role": "tool", "id": call_id, "content": output, "requestor": side, "error": failed}
+        )
     state.seconds["tools"] += time.perf_counter() - started
 
 

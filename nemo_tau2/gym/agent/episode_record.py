@@ -37,6 +37,7 @@ class EpisodeData(BaseModel):
     status: EpisodeStatus
     domain: str
     task_id: str
+    tau2_version: str | None = Field(description="The tau2 release that seeded the episode (None: never seeded).")
     sample_index: int
     conversation_id: str
     policy_model: str | None = Field(description="The model that played the policy (as its server names it).")

@@ -157,6 +157,7 @@ class EpisodeOrchestrator:
             status=EpisodeStatus.OK if error is None else EpisodeStatus.INFRASTRUCTURE_ERROR,
             domain=state.domain,
             task_id=state.task_id,
+            tau2_version=state.tau2_version,
             sample_index=state.sample_index,
             conversation_id=state.conversation_id,
             policy_model=(state.last_policy_response or {}).get("model") or self.endpoints.policy,

@@ -63,6 +63,7 @@ class HttpTau2Session:
             raise InfrastructureError(f"/seed_session answered HTTP {response.status}: {response.text[:500]}")
         state.user_system_prompt = response.body["user_system_prompt"]
         state.user_tools = response.body["user_tools"]
+        state.tau2_version = response.body.get("tau2_version", "v0.2.1")
 
     async def call_tool(
         self, state: EpisodeState, name: str, arguments: dict, requestor: str, call_id: str
@@ -92,6 +93,8 @@ class HttpTau2Session:
             "response": response_object | {"output": [without_token_ids(item) for item in state.outputs]},
             "termination_reason": state.termination_reason,
         }
+        if state.tau2_version not in (None, "v0.2.1"):  # a release in its own worker scores tau2's own trajectory
+            body["tau2_messages"] = state.tau2_messages
         response = await self._post(state, "/verify", body, "verifying the episode")
         if response.status != 200:
             raise InfrastructureError(f"/verify answered HTTP {response.status}: {response.text[:500]}")

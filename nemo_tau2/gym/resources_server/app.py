@@ -39,6 +39,7 @@ from tau2.data_model.message import ToolMessage
 
 from nemo_tau2.gym.config_keys import GymInstanceConfigMixin, RequestLimitsMixin
 from nemo_tau2.gym.fast_middleware import FastMiddlewareMixin
+from nemo_tau2.gym.resources_server.release import WorkerEpisode, WorkerRelease
 from nemo_tau2.gym.resources_server.replay import RecordedAnswer, describe, fingerprint, idempotency_key
 from nemo_tau2.gym.resources_server.sessions import Session, SessionStore, TooManySessionsError
 from nemo_tau2.gym.task_fields import Tau2TaskFields
@@ -46,6 +47,8 @@ from nemo_tau2.json_arguments import find_lone_surrogate
 from nemo_tau2.tau2_env import DOMAINS, domains, prompts
 from nemo_tau2.tau2_env.episode import Episode, Requestor
 from nemo_tau2.tau2_env.reward import NLAssertionsNotEvaluatedError, evaluate_episode
+from nemo_tau2.tau2_release.client import Tau2JudgeError, Tau2RequestError, Tau2WorkerError
+from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +72,7 @@ class Tau2ResourcesServerConfig(GymInstanceConfigMixin, RequestLimitsMixin, Base
         gt=0,
         description="How long a verified episode's verdict is kept for a retried /verify (cover the agent's retries).",
     )
+    tau2: Tau2ReleaseConfig = Field(default_factory=Tau2ReleaseConfig, description="Which tau2 release serves.")
 
     @field_validator("domains")
     @classmethod
@@ -88,6 +92,7 @@ class Tau2SeedSessionResponse(BaseSeedSessionResponse):
     user_system_prompt: str = Field(description="tau2's user-simulator system prompt for this task.")
     user_tools: list[dict] = Field(description="The simulated user's tools (Responses API format); may be empty.")
     reward_basis: list[str] = Field(description="What tau2 multiplies into this task's reward.")
+    tau2_version: str = Field(default="v0.2.1", description="The tau2 release that serves and scores the episode.")
 
 
 class Tau2VerifyRequest(BaseVerifyRequest):
@@ -97,6 +102,9 @@ class Tau2VerifyRequest(BaseVerifyRequest):
         default=None,
         description="tau2 termination reason of the episode. Absent (e.g. NeMo-Gym's simple_agent, which ends when "
         "the model answers with text): treated as agent_stop, and the response says so.",
+    )
+    tau2_messages: list[dict] | None = Field(
+        default=None, description="tau2's trajectory as the agent played it (what tau2 v1.0.1 scores)."
     )
 
 
@@ -212,6 +220,7 @@ class Tau2ResourcesServer(FastMiddlewareMixin, SimpleResourcesServer):
     config: Tau2ResourcesServerConfig
     _sessions: SessionStore = PrivateAttr()
     _sweeper: asyncio.Task | None = PrivateAttr(default=None)
+    _release: WorkerRelease | None = PrivateAttr(default=None)  # None: v0.2.1, in process
 
     def model_post_init(self, context: Any) -> None:
         self._sessions = SessionStore(
@@ -234,9 +243,13 @@ class Tau2ResourcesServer(FastMiddlewareMixin, SimpleResourcesServer):
             cls.load_domain_data(domain)
 
     def setup_webserver(self) -> FastAPI:
+        if self.config.tau2.version != "v0.2.1":  # the one place the release is chosen
+            self._release = WorkerRelease(self.config.tau2)
         for domain in self.config.domains:
-            self.load_domain_data(domain)
+            (self._release or self).load_domain_data(domain)
         app = super().setup_webserver()
+        if self._release is not None:
+            app.router.on_shutdown.append(self._release.close)
         app.get("/session_stats")(self.session_stats)
         app.post("/end_session")(self.end_session)
         app.post("/user_tools/{tool_name}")(self.user_tool)
@@ -274,8 +287,10 @@ class Tau2ResourcesServer(FastMiddlewareMixin, SimpleResourcesServer):
             self._sessions.replayed_answers += 1
             return answer
         try:
-            episode, answer = start_episode(body.domain, body.task_id)
-        except (domains.UnknownDomainError, domains.UnknownTaskError) as e:
+            episode, answer = (self._release.start_episode if self._release else start_episode)(
+                body.domain, body.task_id
+            )
+        except (domains.UnknownDomainError, domains.UnknownTaskError, Tau2RequestError) as e:
             raise HTTPException(status_code=404, detail=str(e)) from e
         response = _json_response(Tau2SeedSessionResponse.model_validate(answer).model_dump(mode="json"))
         recorded = RecordedAnswer.of("/seed_session", raw, response) if key is not None else None
@@ -357,7 +372,12 @@ class Tau2ResourcesServer(FastMiddlewareMixin, SimpleResourcesServer):
         items = body.responses_create_params.model_dump().get("input") or []
         items = (items if isinstance(items, list) else []) + body.response.model_dump()["output"]
         try:
-            score = score_episode(episode, items, body.termination_reason)
+            if isinstance(episode, WorkerEpisode):
+                score = self._release.score_episode(episode, body.tau2_messages, body.termination_reason)
+            else:
+                score = score_episode(episode, items, body.termination_reason)
+        except (Tau2JudgeError, Tau2WorkerError) as e:  # infrastructure, with its cause: never a score
+            raise HTTPException(status_code=502, detail=f"tau2 {self.config.tau2.version}: {e}") from e
         except (NLAssertionsNotEvaluatedError, ValueError) as e:
             raise HTTPException(status_code=400, detail=str(e)) from e
         answer = Tau2VerifyResponse.model_validate(body.model_dump() | score)

@@ -130,4 +130,6 @@ class SessionStore:
         session = self._sessions.pop(session_id, None)
         if session is not None and session.seed_key is not None:
             self._seed_keys.pop(session.seed_key, None)
+        if session is not None and hasattr(session.episode, "close"):  # an episode in a release's worker
+            session.episode.close()
         return session

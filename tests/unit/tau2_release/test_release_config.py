@@ -1,5 +1,5 @@
 """``tau2.version``: one schema and one default for every run; a wrong value is one line naming the choices; the
-version is recorded in the run's summary. v1.0.1 is refused by the Gym paths until their servers serve it."""
+version is recorded in the run's summary. GRPO refuses v1.0.1 until it trains on it; evaluation takes it."""
 
 from pathlib import Path
 
@@ -37,11 +37,11 @@ def test_a_typo_in_the_tau2_block_is_refused():
         _eval("++tau2.verison=v1.0.1")
 
 
-@pytest.mark.parametrize("path", [FAKE_EVAL, GRPO_SMOKE])
-def test_v101_is_refused_by_the_gym_paths_until_they_serve_it(path):
-    raw = apply_overrides(load_config(path), ["++tau2.version=v1.0.1"])
-    with pytest.raises(ConfigError, match="v1.0.1 is not served by the Gym servers yet"):
-        setup_eval(raw) if path == FAKE_EVAL else validate_config(raw, GRPOMasterConfig)
+def test_v101_is_refused_by_grpo_until_it_trains_on_it_and_taken_by_eval():
+    raw = apply_overrides(load_config(GRPO_SMOKE), ["++tau2.version=v1.0.1"])
+    with pytest.raises(ConfigError, match="v1.0.1 is not trained on yet"):
+        validate_config(raw, GRPOMasterConfig)
+    assert _eval("++tau2.version=v1.0.1").tau2.version == "v1.0.1"
 
 
 def test_the_summary_records_the_release():

@@ -1,0 +1,145 @@
+"""The resources server's episodes of a tau2 release that runs in its own environment (v1.0.1), through one worker.
+
+v0.2.1 is the project's environment and its episodes run in process (:mod:`nemo_tau2.tau2_env`, unchanged);
+a later release cannot share that environment (both install a package named ``tau2``), so the server owns one
+:class:`~nemo_tau2.tau2_release.client.Tau2Worker` and every seed, tool call, verify and end of its episodes goes
+there. One worker, its requests serialised by the client's lock: the in-process release also runs tau2 on the
+server's one event loop, one call at a time (a Gym resources server is one process, ``num_workers: 1``), so a pool
+would add processes without changing that; replicas (``resources_replicas``) are the way to scale, each with its
+worker. Calls are made without ``await``, so the replay rules of :mod:`.replay` hold as they do in process.
+
+The trajectory scored is tau2's own message list, built by the agent as the episode is played (its ``/verify``
+body's ``tau2_messages``): the release's evaluator replays its tool calls (the user's device calls too) and its NL
+judge reads every message. A judge with no usable verdict is :class:`Tau2JudgeError`, which the server answers
+as a 502 with its cause: an infrastructure error, never a score.
+"""
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from nemo_tau2.tau2_env.domains import as_responses_tools
+from nemo_tau2.tau2_env.reward import SUCCESS_TOLERANCE
+from nemo_tau2.tau2_release.client import Tau2Worker
+from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
+
+
+class ReleaseToolMessage(NamedTuple):
+    """A tool's answer as the release gives it (the fields the server reads of tau2's ``ToolMessage``)."""
+
+    content: str
+    error: bool
+
+
+@dataclass
+class WorkerEpisode:
+    """One live episode in the worker; the session store reads ``last_used`` and calls :meth:`close`."""
+
+    worker: Tau2Worker
+    domain: str
+    task_id: str
+    episode_id: str
+    last_used: float = field(default_factory=time.monotonic)
+    num_tool_calls: int = 0
+    num_tool_errors: int = 0
+    closed: bool = False
+
+    def call_tool(self, name: str, arguments: dict, requestor: str = "assistant", call_id: str = ""):
+        answer = self.worker.request(
+            "call_tool", episode_id=self.episode_id, name=name, arguments=arguments, requestor=requestor,
+            call_id=call_id,
+        )  # fmt: skip
+        return self._count(ReleaseToolMessage(answer["content"] or "", bool(answer["error"])))
+
+    def record_failed_call(self, name: str, requestor: str, message: str) -> ReleaseToolMessage:
+        """A call the release could not even represent (arguments not an object): a tool error, as in process."""
+        return self._count(ReleaseToolMessage(f"Error: {message}", True))
+
+    def _count(self, message: ReleaseToolMessage) -> ReleaseToolMessage:
+        self.num_tool_calls += 1
+        self.num_tool_errors += message.error
+        self.last_used = time.monotonic()
+        return message
+
+    def close(self) -> None:
+        """Drop the worker's episode (idle eviction, ``/end_session``, re-seed); verify already dropped it."""
+        if not self.closed:
+            self.closed = True
+            self.worker.request("end", episode_id=self.episode_id)
+
+
+def _fraction(checks: list[dict] | None, key: str) -> float | None:
+    return sum(bool(check.get(key)) for check in checks) / len(checks) if checks else None
+
+
+def components(reward_info: dict[str, Any]) -> dict[str, Any]:
+    """The partial-credit components of a release's ``RewardInfo`` (JSON), under the server's field names."""
+    action_checks = reward_info.get("action_checks")
+    writes = [check for check in action_checks or [] if check.get("tool_type") == "write"]
+    return {
+        "db_match": (reward_info.get("db_check") or {}).get("db_match"),
+        "action_match_fraction": _fraction(action_checks, "action_match"),
+        "write_action_match_fraction": _fraction(writes, "action_match"),
+        "env_assertion_fraction": _fraction(reward_info.get("env_assertions"), "met"),
+        "communicate_fraction": _fraction(reward_info.get("communicate_checks"), "met"),
+    }
+
+
+class WorkerRelease:
+    """Seeds and scores episodes of ``config.version`` in the server's worker (started here, stopped by close)."""
+
+    def __init__(self, config: Tau2ReleaseConfig):
+        self.version = config.version
+        self.worker = Tau2Worker(config)
+        self._reward_basis: dict[str, dict[str, list[str]]] = {}
+        self._user_tools: dict[str, list[dict]] = {}
+
+    def load_domain_data(self, domain: str) -> None:
+        if domain not in self._reward_basis:
+            tasks = self.worker.request("tasks", domain=domain, split=None)
+            self._reward_basis[domain] = {
+                str(task["id"]): list((task.get("evaluation_criteria") or {}).get("reward_basis") or [])
+                for task in tasks
+            }
+
+    def start_episode(self, domain: str, task_id: str) -> tuple[WorkerEpisode, dict[str, Any]]:
+        """Raises :class:`~nemo_tau2.tau2_release.client.Tau2RequestError` for an unknown domain or task."""
+        seeded = self.worker.request("seed", domain=domain, task_id=task_id)
+        self.load_domain_data(domain)
+        episode = WorkerEpisode(self.worker, domain, str(task_id), seeded["episode_id"])
+        return episode, {
+            "domain": domain,
+            "task_id": str(task_id),
+            "tau2_version": self.version,
+            "user_system_prompt": seeded["user_system_prompt"],
+            "user_tools": as_responses_tools(seeded["user_tools"]),
+            "reward_basis": self._reward_basis[domain].get(str(task_id), []),
+        }
+
+    def score_episode(
+        self, episode: WorkerEpisode, tau2_messages: list[dict] | None, termination_reason: str | None
+    ) -> dict[str, Any]:
+        """The release's verdict (judge retried per ``judge.max_attempts``); the worker drops the episode once
+        scored. Raises ``ValueError`` (no trajectory, or one the release refuses) and ``Tau2JudgeError``."""
+        if tau2_messages is None:
+            raise ValueError(
+                f"tau2 {self.version} scores tau2's own trajectory: the /verify body needs tau2_messages (the "
+                "tau2 agent sends them)"
+            )
+        termination = termination_reason or "agent_stop"
+        scored = self.worker.verify(episode.episode_id, tau2_messages, termination)
+        episode.closed = True
+        reward = scored["reward"]
+        return components(scored["reward_info"]) | {
+            "reward": reward,
+            "domain": episode.domain,
+            "task_id": episode.task_id,
+            "success": abs(reward - 1.0) <= SUCCESS_TOLERANCE,
+            "termination_reason": termination,
+            "num_tool_calls": episode.num_tool_calls,
+            "num_tool_errors": episode.num_tool_errors,
+            "reward_info": scored["reward_info"],
+        }
+
+    def close(self) -> None:
+        self.worker.close()

@@ -1,0 +1,62 @@
+"""Gym rows of a tau2 release that runs in its own environment: every part from that release, through its worker.
+
+The same row shape as :func:`nemo_tau2.tau2_env.gym_rows.task_row` (the v0.2.1 rows): the policy's system prompt
+(the release's agent instruction and domain policy), its tools, its greeting, and ``domain``/``task_id``; plus
+``tau2_version``, so a row says which release's task it is. Tasks and splits are the release's own.
+"""
+
+from typing import Any
+
+from nemo_tau2.tau2_env.domains import as_responses_tools
+from nemo_tau2.tau2_env.gym_rows import DEFAULT_AGENT_NAME
+from nemo_tau2.tau2_release.client import Tau2RequestError, Tau2Worker
+from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
+
+
+def _domain_rows(worker: Tau2Worker, domain: str, split: str, agent_name: str) -> list[dict]:
+    system_prompt = worker.request("agent_system_prompt", domain=domain)
+    tools = as_responses_tools(worker.request("tool_schemas", domain=domain))
+    greeting = worker.request("greeting")
+    rows = []
+    for task in worker.request("tasks", domain=domain, split=split):
+        if (task.get("initial_state") or {}).get("message_history"):
+            raise ValueError(f"{domain} task {task['id']!r} starts from a pre-written message history (unsupported)")
+        row: dict[str, Any] = {
+            "responses_create_params": {
+                "input": [{"role": "system", "content": system_prompt}, {"role": "assistant", "content": greeting}],
+                "tools": tools,
+                "parallel_tool_calls": True,
+            },
+            "agent_ref": {"type": "responses_api_agents", "name": agent_name},
+            "domain": domain,
+            "task_id": str(task["id"]),
+            "split": split,
+            "tau2_version": worker.config.version,
+        }
+        rows.append(row)
+    return rows
+
+
+def release_rows(
+    config: Tau2ReleaseConfig,
+    domains_: list[str],
+    split: str,
+    task_ids: list[str] | None = None,
+    num_tasks: int | None = None,
+    agent_name: str = DEFAULT_AGENT_NAME,
+    what: str = "data",
+) -> list[dict]:
+    """Rows of ``split`` in each domain (``task_ids`` only those, ``num_tasks`` the first N of each), in the
+    release's split order. Raises ``ValueError`` naming the setting to fix (unknown split or task)."""
+    wanted = None if task_ids is None else {str(task_id) for task_id in task_ids}
+    rows = []
+    with Tau2Worker(config) as worker:
+        for domain in domains_:
+            try:
+                found = _domain_rows(worker, domain, split, agent_name)
+            except Tau2RequestError as e:
+                raise ValueError(f"{what}.split: {e}") from e
+            rows += [row for row in found if wanted is None or row["task_id"] in wanted][:num_tasks]
+    if wanted is not None and (missing := wanted - {row["task_id"] for row in rows}):
+        raise ValueError(f"{what}.task_ids: not in tau2 {config.version}'s {split} split: {sorted(missing)}")
+    return rows
