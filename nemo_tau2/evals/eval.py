@@ -39,6 +39,7 @@ from nemo_tau2.generation.prefix_cache import PrefixCacheCounters
 from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec
 from nemo_tau2.tau2_env.gym_rows import load_rows
 from nemo_tau2.tau2_release.client import Tau2WorkerError
+from nemo_tau2.tau2_release.results_export import RESULTS_DIR, export_results
 from nemo_tau2.tau2_release.rows import release_rows
 from nemo_tau2.utils.metrics_logger import MetricsLogger
 
@@ -149,7 +150,11 @@ def summarize(cfg: EvalMasterConfig, raw: DictConfig, log: RolloutLog) -> dict[s
 
 def policy_model(cfg: EvalMasterConfig) -> str:
     """The evaluated model as resolved: its name or path, an endpoint's model, or the backend (the fake has none)."""
-    generation = cfg.policy.generation
+    return model_of(cfg.policy.generation)
+
+
+def model_of(generation: Any) -> str:
+    """A ``generation`` block's model: its name or path, an endpoint's model, or the backend (the fake has none)."""
     if generation.model_name:
         return generation.model_name
     if generation.openai_cfg is not None:
@@ -240,12 +245,25 @@ def run_eval(cfg: EvalMasterConfig, raw: DictConfig) -> tuple[dict[str, Any], st
         if cache_rate is not None:  # this run's episodes only (a resumed run's earlier ones were counted then)
             summary["metrics"]["eval/overall/prefix_cache_hit_rate"] = cache_rate
         write_evaluation_data(save_dir, list(log), rows, cfg.eval.num_tests_per_prompt, cfg.eval.keep_transcripts)
+        if cfg.tau2.version != "v0.2.1" and cfg.eval.keep_transcripts:  # the release's own results files
+            files = export_results(cfg.tau2, log.latest().values(), save_dir / RESULTS_DIR, release_run(cfg))
+            summary["tau2_results"] = {domain: str(path) for domain, path in files.items()}
     finally:
         log.close()
     write_json_atomic(save_dir / SUMMARY_FILE, summary)
     log_metrics(cfg, summary["metrics"])
     table = format_summary_table(summary["metrics"], show_ci=cfg.eval.bootstrap_samples > 0)
     return summary, f"{headline(cfg, summary['metrics'])}\n\n{table}"
+
+
+def release_run(cfg: EvalMasterConfig) -> dict[str, Any]:
+    """The run settings a tau2 results file records (its ``TextRunConfig``), from this evaluation's config."""
+    gym = cfg.gym_env()
+    return {
+        "llm_agent": policy_model(cfg), "llm_user": model_of(cfg.user_simulator().generation),
+        "num_trials": cfg.eval.num_tests_per_prompt, "max_steps": gym.max_steps, "max_errors": gym.max_errors,
+        "seed": cfg.user_simulator().seed,
+    }  # fmt: skip
 
 
 def _prefix_cache_hit_rate(env: Tau2Environment, before: PrefixCacheCounters | None) -> float | None:

@@ -2,9 +2,9 @@
 
 Only the judge's behaviour is scripted: every expected outcome in tau2's judge prompt is met unless the
 conversation contains ``fail_marker`` (case-insensitive); the answer is tau2's format
-(``{"results": [{"expectedOutcome", "reasoning", "metExpectation"}]}``). ``inject(fault, count)`` makes it do
-what a real judge endpoint can do, for the next ``count`` requests: ``http_500``, ``invalid_json``, ``empty_results``
-(then it answers properly again).
+(``{"results": [{"expectedOutcome", "reasoning", "metExpectation"}]}``). ``inject(fault, count, when)`` makes it
+do what a real judge endpoint can do, for the next ``count`` requests (those whose prompt contains ``when``):
+``http_500``, ``invalid_json``, ``empty_results`` (then it answers properly again).
 """
 
 import ast
@@ -34,6 +34,7 @@ class ScriptedJudge:
         self.fail_marker = fail_marker
         self.fault: str | None = None
         self.fault_count = 0
+        self.fault_when = ""
         self.requests = 0
         judge = self
 
@@ -44,13 +45,13 @@ class ScriptedJudge:
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 judge.requests += 1
-                fault = judge.fault if judge.fault_count > 0 else None
+                prompt = body["messages"][-1]["content"]
+                fault = judge.fault if judge.fault_count > 0 and judge.fault_when in prompt else None
                 if fault:
                     judge.fault_count -= 1
                 if fault == "http_500":
                     self._send(500, {"error": {"message": "judge overloaded"}})
                     return
-                prompt = body["messages"][-1]["content"]
                 if fault == "invalid_json":
                     content = "The agent did well."
                 elif fault == "empty_results":
@@ -77,8 +78,9 @@ class ScriptedJudge:
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
 
-    def inject(self, fault: str, count: int = 1) -> None:
-        self.fault, self.fault_count = fault, count
+    def inject(self, fault: str, count: int = 1, when: str = "") -> None:
+        """The next ``count`` requests whose prompt contains ``when`` (any request: "") get ``fault``."""
+        self.fault, self.fault_count, self.fault_when = fault, count, when
 
     def close(self) -> None:
         self._server.shutdown()
