@@ -253,7 +253,13 @@ def run_eval(cfg: EvalMasterConfig, raw: DictConfig) -> tuple[dict[str, Any], st
     write_json_atomic(save_dir / SUMMARY_FILE, summary)
     log_metrics(cfg, summary["metrics"])
     table = format_summary_table(summary["metrics"], show_ci=cfg.eval.bootstrap_samples > 0)
-    return summary, f"{headline(cfg, summary['metrics'])}\n\n{table}"
+    return summary, f"{headline(cfg, summary['metrics'])}\n{run_line(cfg)}\n\n{table}"
+
+
+def run_line(cfg: EvalMasterConfig) -> str:
+    """What a leaderboard row names beside the scores: the tau2 release, the policy and the user simulator."""
+    user = model_of(cfg.user_simulator().generation)
+    return f"tau2 {cfg.tau2.version}, policy {policy_model(cfg)}, user simulator {user}"
 
 
 def release_run(cfg: EvalMasterConfig) -> dict[str, Any]:

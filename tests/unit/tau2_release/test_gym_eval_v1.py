@@ -42,7 +42,8 @@ def _run(judge, save: Path, domains: list[str], task_ids: list[str]) -> dict:
     )
     raw.data.domains = domains
     raw.data.task_ids = OmegaConf.create(task_ids)  # ids with brackets and pipes: set, not parsed
-    summary, _ = run_eval(setup_eval(raw), raw)
+    summary, table = run_eval(setup_eval(raw), raw)
+    assert table.splitlines()[1] == "tau2 v1.0.1, policy fake, user simulator fake"  # what a leaderboard row names
     return summary
 
 
