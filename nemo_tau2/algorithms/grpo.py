@@ -113,6 +113,11 @@ def setup(cfg: GRPOMasterConfig, train_rows: list[dict], val_rows: list[dict]) -
         latest = resumable_checkpoint(cfg.checkpointing.checkpoint_dir) if cfg.checkpointing.enabled else None
         if latest is not None:
             state = policy.load_checkpoint(latest)
+            if state.get("tau2_version", "v0.2.1") != cfg.tau2.version:
+                raise ValueError(
+                    f"{latest} was trained on tau2 {state.get('tau2_version', 'v0.2.1')}, this run is tau2.version "
+                    f"{cfg.tau2.version}: resume with that release, or set another checkpointing.checkpoint_dir"
+                )
             start_step = int(state["step"])
             curriculum.load_state_dict(state["curriculum"])
             logger.info("resumed from %s at step %d", latest, start_step)
@@ -246,7 +251,8 @@ def validate(s: GRPOSetup, step: int) -> dict[str, float]:
 
 def save_checkpoint(s: GRPOSetup, step: int) -> Path:
     directory = s.policy.save_checkpoint(
-        step_dir(s.cfg.checkpointing.checkpoint_dir, step), {"step": step, "curriculum": s.curriculum.state_dict()}
+        step_dir(s.cfg.checkpointing.checkpoint_dir, step),
+        {"step": step, "curriculum": s.curriculum.state_dict(), "tau2_version": s.cfg.tau2.version},
     )
     if s.cfg.checkpointing.keep_top_k is not None:
         prune_checkpoints(s.cfg.checkpointing.checkpoint_dir, s.cfg.checkpointing.keep_top_k)
@@ -302,4 +308,4 @@ def _per_domain_success(results: list[RolloutResult]) -> dict[str, Any]:
 
 def load_rows(cfg: GRPOMasterConfig) -> tuple[list[dict], list[dict]]:
     """Training and validation rows: from JSONL files, or the configured splits of ``data.domains``."""
-    return train_and_val_rows(cfg.data)
+    return train_and_val_rows(cfg.data, tau2=cfg.tau2)

@@ -20,7 +20,7 @@ from nemo_tau2.gym.episode_config import CLUSTER_FOR_REPLICAS, NemoGymEnvConfig,
 from nemo_tau2.models.policy.checkpoint import CheckpointingConfig
 from nemo_tau2.models.policy.config import PolicyConfig
 from nemo_tau2.tau2_env import DOMAINS
-from nemo_tau2.tau2_release.config import GRPO_TRAINS_ONLY_V021, Tau2ReleaseConfig
+from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
 from nemo_tau2.utils.metrics_logger import LoggerConfig
 
 
@@ -131,8 +131,6 @@ class GRPOMasterConfig(_Strict):
     @model_validator(mode="after")
     def _consistent(self) -> "GRPOMasterConfig":
         problems = []
-        if self.tau2.version != "v0.2.1":
-            problems.append(GRPO_TRAINS_ONLY_V021)
         if self.policy.generation is None:
             problems.append("policy.generation is required: the backend serving the current weights to rollouts")
         if not self.env.nemo_gym.return_token_ids:

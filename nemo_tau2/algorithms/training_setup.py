@@ -26,6 +26,8 @@ from nemo_tau2.models.model_shape import find_model_config, model_shape
 from nemo_tau2.models.policy import checkpoint as ckpt
 from nemo_tau2.models.policy.lm_policy import Policy
 from nemo_tau2.tau2_env import gym_rows
+from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
+from nemo_tau2.tau2_release.rows import check_release, release_rows
 
 logger = logging.getLogger(__name__)
 
@@ -70,19 +72,26 @@ def checkpoint_step(path: Path) -> int:
     return int(ckpt.read_trainer_state(path)["step"])
 
 
-def train_and_val_rows(data: Any, what: str = "data") -> tuple[list[dict], list[dict]]:
+def train_and_val_rows(
+    data: Any, what: str = "data", tau2: Tau2ReleaseConfig | None = None
+) -> tuple[list[dict], list[dict]]:
     """Training and validation rows of a ``data`` block with GRPO's keys (``train_split`` / ``train_data_path``,
-    ``val_split`` / ``val_data_path``, ``domains``, ``task_ids``, ``compact_rows``); messages name those keys."""
+    ``val_split`` / ``val_data_path``, ``domains``, ``task_ids``, ``compact_rows``); messages name those keys.
+    A release other than v0.2.1 (``tau2``) gives its own tasks and splits, through its worker."""
+    release = tau2 if tau2 is not None and tau2.version != "v0.2.1" else None
     common = {"domains_": data.domains, "task_ids": data.task_ids, "compact": data.compact_rows, "what": what}
-    train_rows = gym_rows.load_rows(
-        data_path=data.train_data_path, split=data.train_split, split_key="train_split", path_key="train_data_path",
-        **common,
-    )  # fmt: skip
+
+    def rows_of(split: str | None, split_key: str, path: str | None, path_key: str) -> list[dict]:
+        if release is None or path or split is None:
+            rows = gym_rows.load_rows(data_path=path, split=split, split_key=split_key, path_key=path_key, **common)
+            check_release(rows, tau2.version if tau2 is not None else "v0.2.1", f"{what}.{path_key}")
+            return rows
+        return release_rows(release, data.domains or [], split, data.task_ids, what=what, compact=data.compact_rows)
+
+    train_rows = rows_of(data.train_split, "train_split", data.train_data_path, "train_data_path")
     if not train_rows:
         raise ValueError(f"the config selects no training rows ({what}.domains, {what}.train_split, {what}.task_ids)")
-    val_rows = gym_rows.load_rows(
-        data_path=data.val_data_path, split=data.val_split, split_key="val_split", path_key="val_data_path", **common
-    )
+    val_rows = rows_of(data.val_split, "val_split", data.val_data_path, "val_data_path")
     return train_rows, val_rows
 
 
@@ -119,6 +128,7 @@ def start_rollout_stack(
         gym=cfg.env.nemo_gym,
         log_dir=Path(cfg.logger.log_dir) / "server_logs",
         cluster=cfg.cluster,
+        tau2=getattr(cfg, "tau2", None) or Tau2ReleaseConfig(),
     )
     environment = resources.enter_context(Tau2Environment(spec))
     return generation, environment

@@ -40,7 +40,7 @@ from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec
 from nemo_tau2.tau2_env.gym_rows import load_rows
 from nemo_tau2.tau2_release.client import Tau2WorkerError
 from nemo_tau2.tau2_release.results_export import RESULTS_DIR, export_results
-from nemo_tau2.tau2_release.rows import release_rows
+from nemo_tau2.tau2_release.rows import check_release, release_rows
 from nemo_tau2.utils.metrics_logger import MetricsLogger
 
 logger = logging.getLogger(__name__)
@@ -101,9 +101,10 @@ def build_eval_rows(cfg: EvalMasterConfig) -> list[dict]:
             )
     except (ValueError, Tau2WorkerError) as e:
         raise ConfigError(str(e)) from e
-    other = sorted({str(row.get("tau2_version", "v0.2.1")) for row in rows} - {cfg.tau2.version})
-    if other:
-        raise ConfigError(f"data.data_path holds rows of tau2 {other}, not tau2.version {cfg.tau2.version}")
+    try:
+        check_release(rows, cfg.tau2.version, "data.data_path")
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
     if not rows:
         raise ConfigError("the evaluation selects no tasks; check data.domains, data.split, data.task_ids")
     return rows

@@ -78,14 +78,19 @@ def compact_rows(domain: str, task_ids: list[str], agent_name: str = DEFAULT_AGE
     contexts, e.g. a GRPO config's ``tiny_policy``); scores are then not comparable with tau2's prompts."""
     rows = []
     for task_id in task_ids:
-        row = task_row(domain, task_id, agent_name)
         task = domains.get_task(domain, task_id)
         used = {action.name for action in task.evaluation_criteria.actions or []}
-        params = row["responses_create_params"]
-        params["input"][0]["content"] = COMPACT_SYSTEM_PROMPT
-        params["tools"] = [tool for tool in params["tools"] if tool["name"] in used]
-        rows.append(row)
+        rows.append(compact_row(task_row(domain, task_id, agent_name), used))
     return rows
+
+
+def compact_row(row: dict, used_tools: set[str]) -> dict:
+    """``row`` with the short system prompt and only the tools in ``used_tools`` (those of the task's gold actions):
+    one way for every tau2 release's rows."""
+    params = row["responses_create_params"]
+    params["input"][0]["content"] = COMPACT_SYSTEM_PROMPT
+    params["tools"] = [tool for tool in params["tools"] if tool["name"] in used_tools]
+    return row
 
 
 def load_rows(

@@ -41,10 +41,3 @@ class Tau2ReleaseConfig(BaseModel):
         "null: $NEMO_TAU2_TAU2_V1_PYTHON.",
     )
     judge: NLJudgeConfig = Field(default_factory=NLJudgeConfig, description="v1.0.1's NL-assertion judge.")
-
-
-#: Why a GRPO config with ``tau2.version: v1.0.1`` is refused for now (one line, naming what works).
-GRPO_TRAINS_ONLY_V021 = (
-    "tau2.version: v1.0.1 is not trained on yet (GRPO's rows and Gym stack still take v0.2.1's tasks; evaluation "
-    "serves v1.0.1: examples/run_eval.py tau2.version=v1.0.1); use tau2.version=v0.2.1"
-)

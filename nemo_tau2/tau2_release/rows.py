@@ -8,12 +8,12 @@ The same row shape as :func:`nemo_tau2.tau2_env.gym_rows.task_row` (the v0.2.1 r
 from typing import Any
 
 from nemo_tau2.tau2_env.domains import as_responses_tools
-from nemo_tau2.tau2_env.gym_rows import DEFAULT_AGENT_NAME
+from nemo_tau2.tau2_env.gym_rows import DEFAULT_AGENT_NAME, compact_row
 from nemo_tau2.tau2_release.client import Tau2RequestError, Tau2Worker
 from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
 
 
-def _domain_rows(worker: Tau2Worker, domain: str, split: str, agent_name: str) -> list[dict]:
+def _domain_rows(worker: Tau2Worker, domain: str, split: str, agent_name: str, compact: bool) -> list[dict]:
     system_prompt = worker.request("agent_system_prompt", domain=domain)
     tools = as_responses_tools(worker.request("tool_schemas", domain=domain))
     greeting = worker.request("greeting")
@@ -33,8 +33,22 @@ def _domain_rows(worker: Tau2Worker, domain: str, split: str, agent_name: str) -
             "split": split,
             "tau2_version": worker.config.version,
         }
+        if compact:
+            row = compact_row(row, {action["name"] for action in _gold_actions(task)})
         rows.append(row)
     return rows
+
+
+def _gold_actions(task: dict) -> list[dict]:
+    return list((task.get("evaluation_criteria") or {}).get("actions") or [])
+
+
+def check_release(rows: list[dict], version: str, what: str = "data") -> None:
+    """Refuse rows of another tau2 release than the run's (a rows file says which in ``tau2_version``; rows
+    without it are v0.2.1's, as ``prepare_data.py`` wrote them before there was a choice)."""
+    other = sorted({str(row.get("tau2_version", "v0.2.1")) for row in rows} - {version})
+    if other:
+        raise ValueError(f"{what}: the rows are of tau2 {other}, not tau2.version {version}")
 
 
 def release_rows(
@@ -45,15 +59,17 @@ def release_rows(
     num_tasks: int | None = None,
     agent_name: str = DEFAULT_AGENT_NAME,
     what: str = "data",
+    compact: bool = False,
 ) -> list[dict]:
     """Rows of ``split`` in each domain (``task_ids`` only those, ``num_tasks`` the first N of each), in the
-    release's split order. Raises ``ValueError`` naming the setting to fix (unknown split or task)."""
+    release's split order (``compact``: :func:`~nemo_tau2.tau2_env.gym_rows.compact_row`). Raises ``ValueError``
+    naming the setting to fix (unknown split or task)."""
     wanted = None if task_ids is None else {str(task_id) for task_id in task_ids}
     rows = []
     with Tau2Worker(config) as worker:
         for domain in domains_:
             try:
-                found = _domain_rows(worker, domain, split, agent_name)
+                found = _domain_rows(worker, domain, split, agent_name, compact)
             except Tau2RequestError as e:
                 raise ValueError(f"{what}.split: {e}") from e
             rows += [row for row in found if wanted is None or row["task_id"] in wanted][:num_tasks]

@@ -24,6 +24,7 @@ from nemo_tau2.algorithms.sft_data import ConversionReport, rows_from_rollout_re
 from nemo_tau2.config import apply_overrides, load_config, validate_config
 from nemo_tau2.generation.validation import gym_rule_violations
 from nemo_tau2.testing.warm_start import build_tiny_policy, first_call_preference
+from tests.tau2_v1_env import tau2_v1_python
 
 CONFIGS = Path(__file__).parents[3] / "examples" / "configs"
 SMOKE = CONFIGS / "grpo_tau2_cpu_smoke.yaml"
@@ -163,6 +164,31 @@ def test_a_rerun_resumes_from_the_latest_checkpoint_with_its_weights(tiny_policy
         assert all(torch.equal(after[name], uninterrupted_weights[name]) for name in after)
     finally:
         s.close()
+
+
+def test_grpo_trains_on_tau2_v101_and_its_checkpoint_records_the_release(tiny_policy, tmp_path):
+    """The same loop on tau2 v1.0.1: its mock tasks and rows (compact), its Gym servers' scoring through its worker.
+    The checkpoint says which release it was trained on, and a run of the other release refuses to resume from it."""
+    v1 = ["++tau2.version=v1.0.1", f"++tau2.python={tau2_v1_python()}", "++grpo.max_val_samples=1"]
+    cfg = _config(tmp_path, tiny_policy, "grpo.max_num_steps=2", "checkpointing.save_period=2", *v1)
+    train_rows, val_rows = grpo.load_rows(cfg)
+    assert {row["tau2_version"] for row in train_rows + val_rows} == {"v1.0.1"}
+    assert all(len(row["responses_create_params"]["tools"]) <= 2 for row in train_rows)  # compact: gold tools only
+    s = grpo.setup(cfg, train_rows, val_rows)
+    try:
+        history = grpo.grpo_train(s)
+        grpo.validate(s, 2)
+    finally:
+        s.close()
+    assert all(step["train/rollout/num_infrastructure_errors"] == 0 for step in history)
+    assert sum(step["train/mock/success_rate"] for step in history) > 0  # v1.0.1 scored passes (and failures)
+    records = (tmp_path / "logs" / "validation" / "step_2" / "rollouts.jsonl").read_text().splitlines()
+    assert records and all(json.loads(line)["tau2_version"] == "v1.0.1" for line in records)
+    state = json.loads((tmp_path / "checkpoints" / "step_2" / "trainer_state.json").read_text())
+    assert state["tau2_version"] == "v1.0.1"
+    other = _config(tmp_path, tiny_policy, "grpo.max_num_steps=3")
+    with pytest.raises(ValueError, match=r"was trained on tau2 v1.0.1, this run is tau2.version v0.2.1"):
+        grpo.setup(other, train_rows, [])
 
 
 def test_run_grpo_killed_mid_run_resumes_where_its_last_checkpoint_left_off(tiny_policy, tmp_path):

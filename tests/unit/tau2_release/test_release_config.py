@@ -1,5 +1,5 @@
 """``tau2.version``: one schema and one default for every run; a wrong value is one line naming the choices; the
-version is recorded in the run's summary. GRPO refuses v1.0.1 until it trains on it; evaluation takes it."""
+version is recorded in the run's summary. GRPO and evaluation take v1.0.1."""
 
 from pathlib import Path
 
@@ -37,10 +37,9 @@ def test_a_typo_in_the_tau2_block_is_refused():
         _eval("++tau2.verison=v1.0.1")
 
 
-def test_v101_is_refused_by_grpo_until_it_trains_on_it_and_taken_by_eval():
+def test_v101_is_taken_by_grpo_and_eval():
     raw = apply_overrides(load_config(GRPO_SMOKE), ["++tau2.version=v1.0.1"])
-    with pytest.raises(ConfigError, match="v1.0.1 is not trained on yet"):
-        validate_config(raw, GRPOMasterConfig)
+    assert validate_config(raw, GRPOMasterConfig).tau2.version == "v1.0.1"
     assert _eval("++tau2.version=v1.0.1").tau2.version == "v1.0.1"
 
 
