@@ -25,7 +25,7 @@ from nemo_tau2.config import (
 from nemo_tau2.generation.local_models import register_local_model_resolver
 from nemo_tau2.utils.jsonl_log import write_json_atomic
 
-PLAN_SWITCH = {"--plan": "print the memory plan (per trainer rank, per vLLM GPU), exit"}
+PLAN_SWITCH = {"--plan": "print the memory plan (per trainer rank, per vLLM GPU) and the Gym capacity plan, exit"}
 
 
 class Stop(Exception):
@@ -59,8 +59,11 @@ def read_config[Config: BaseModel](argv: list[str], schema: type[Config]) -> tup
 
 
 def check_memory_plan(plan_memory: Callable[[Any], Any], cfg: BaseModel, args: CliArgs) -> None:
-    """``--plan``: print the plan and stop (0 if it fits, else 2). Otherwise a run that cannot fit stops with exit 2
-    before anything starts, the plan on stderr and the problems (each names the key to change) in one line."""
+    """``--plan``: print the plan and stop (0 if it fits, else 2), then the Gym capacity plan when generation is vLLM
+    on GPUs (its warnings do not change the exit status: too few replicas slow a run, they do not break it).
+    Otherwise a run that cannot fit stops with exit 2 before anything starts, the plan on stderr and the problems
+    (each names the key to change) in one line."""
+    from nemo_tau2.gym.capacity import format_gym_capacity, gym_capacity_of
     from nemo_tau2.models.memory_plan import format_plan
 
     try:
@@ -69,6 +72,8 @@ def check_memory_plan(plan_memory: Callable[[Any], Any], cfg: BaseModel, args: C
         raise Stop(2, f"error: {e}") from None
     if "--plan" in args.switches:
         print(format_plan(plan))
+        if (capacity := gym_capacity_of(cfg)) is not None:
+            print(f"\n{format_gym_capacity(capacity)}")
         raise Stop(0 if plan.fits else 2)
     if not plan.fits:
         print(format_plan(plan), file=sys.stderr)

@@ -298,5 +298,6 @@ def test_the_training_scripts_share_one_front_door(tmp_path):
                                        ["policy.model_name=Qwen/Qwen3-4B-Instruct-2507"])):  # fmt: skip
         run = _script(script, "--config", str(EXAMPLES / "configs" / config), *overrides, "--plan")
         assert run.returncode == 0 and "plan: fits" in run.stdout, run.stdout + run.stderr
+        assert "Gym capacity" in run.stdout  # both run Gym servers (SFT for its validation episodes)
     unplanned = _script("run_rft.py", "--config", str(EXAMPLES / "configs" / "rft_tau2_qwen3_4b.yaml"), "--plan")
     assert unplanned.returncode == 2 and "no config.json for 'results/sft_qwen3_4b" in unplanned.stderr

@@ -2,12 +2,14 @@
 refusal of a config that cannot fit (exit 2 naming what to change, before anything starts)."""
 
 import importlib.util
+import math
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from nemo_tau2.gym.capacity import CPU_S_PER_POLICY_TURN, plan_gym_capacity
 from nemo_tau2.models.memory_plan import GB, ClusterConfig, make_plan
 from nemo_tau2.models.model_shape import find_model_config, model_shape
 from nemo_tau2.models.policy import PolicyConfig
@@ -159,3 +161,38 @@ def test_a_model_without_a_config_json_is_a_one_line_error(monkeypatch, capsys, 
                                   f"policy.model_name={tmp_path / 'nowhere'}")  # fmt: skip
     assert code == 2
     assert err.startswith("error: policy.model_name: no config.json for") and err.count("\n") == 1
+
+
+def test_plan_prints_the_gym_capacity_section_of_the_4b_recipe(monkeypatch, capsys):
+    """One vLLM GPU's policy turns against the recipe's one agent and one resources replica: enough, no warning."""
+    config = ROOT / "examples" / "configs" / "grpo_tau2_qwen3_4b.yaml"
+    code, out, err = _run_grpo_main(monkeypatch, capsys, "--config", str(config), "--plan")
+    assert code == 0, err
+    section = out.split("Gym capacity", 1)[1]
+    expected = plan_gym_capacity(1, 1, 1)
+    assert f"1 GPU(s) x 10,000 tokens/s / 135 tokens per turn = {expected.policy_turns_per_s:.0f} policy turns/s" in (
+        section
+    )
+    assert f"agent replicas: 1 configured x {expected.agent_turns_per_s_per_replica:.0f} turns/s each, 1 needed" in (
+        section
+    )
+    assert "resources replicas: 1 configured" in section and "warning" not in out
+
+
+def test_plan_warns_when_the_generation_gpus_outrun_the_configured_replicas(monkeypatch, capsys):
+    config = ROOT / "examples" / "configs" / "grpo_tau2_qwen3_4b.yaml"
+    sixteen_vllm_gpus = ["cluster.num_nodes=3", "policy.generation.vllm_cfg.data_parallel_size=16"]
+    code, out, err = _run_grpo_main(monkeypatch, capsys, "--config", str(config), "--plan", *sixteen_vllm_gpus)
+    assert code == 0, err  # exit status as before: too few replicas slow a run, they do not break it
+    capacity = plan_gym_capacity(16, 1, 1)
+    need = capacity.agent_replicas_needed
+    assert need == math.ceil(capacity.policy_turns_per_s * CPU_S_PER_POLICY_TURN["agent"]) > 1
+    warnings = [line.strip() for line in out.splitlines() if line.strip().startswith("warning:")]
+    carried = f"1 agent replica(s) carry {capacity.agent_turns_per_s_per_replica:.0f} of the "
+    carried += f"{capacity.policy_turns_per_s:.0f} policy turns/s"
+    assert any(carried in w and f"set env.nemo_gym.agent_replicas={need} " in w for w in warnings), out
+    enough = [*sixteen_vllm_gpus, "++cluster.gym_placement=ray", f"++env.nemo_gym.agent_replicas={need}",
+              f"++env.nemo_gym.resources_replicas={capacity.resources_replicas_needed}"]  # fmt: skip
+    code, out, err = _run_grpo_main(monkeypatch, capsys, "--config", str(config), "--plan", *enough)
+    assert code == 0, err
+    assert "Gym capacity" in out and "warning" not in out
