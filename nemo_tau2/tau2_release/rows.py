@@ -13,12 +13,16 @@ from nemo_tau2.tau2_release.client import Tau2RequestError, Tau2Worker
 from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
 
 
-def _domain_rows(worker: Tau2Worker, domain: str, split: str, agent_name: str, compact: bool) -> list[dict]:
+def _domain_rows(
+    worker: Tau2Worker, domain: str, split: str, agent_name: str, compact: bool, wanted: set[str] | None
+) -> list[dict]:
     system_prompt = worker.request("agent_system_prompt", domain=domain)
     tools = as_responses_tools(worker.request("tool_schemas", domain=domain))
     greeting = worker.request("greeting")
     rows = []
     for task in worker.request("tasks", domain=domain, split=split):
+        if wanted is not None and str(task["id"]) not in wanted:
+            continue
         if (task.get("initial_state") or {}).get("message_history"):
             raise ValueError(f"{domain} task {task['id']!r} starts from a pre-written message history (unsupported)")
         row: dict[str, Any] = {
@@ -69,10 +73,10 @@ def release_rows(
     with Tau2Worker(config) as worker:
         for domain in domains_:
             try:
-                found = _domain_rows(worker, domain, split, agent_name, compact)
+                found = _domain_rows(worker, domain, split, agent_name, compact, wanted)
             except Tau2RequestError as e:
                 raise ValueError(f"{what}.split: {e}") from e
-            rows += [row for row in found if wanted is None or row["task_id"] in wanted][:num_tasks]
+            rows += found[:num_tasks]
     if wanted is not None and (missing := wanted - {row["task_id"] for row in rows}):
         raise ValueError(f"{what}.task_ids: not in tau2 {config.version}'s {split} split: {sorted(missing)}")
     return rows
