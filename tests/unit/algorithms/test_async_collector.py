@@ -41,9 +41,20 @@ class Run:
     taken: list[tuple[int, list[VersionedGroup]]] = field(default_factory=list)
     loads: list[tuple[float, float, int]] = field(default_factory=list)  # (start, end, new version)
     metrics: list[dict[str, float]] = field(default_factory=list)
+    snapshot: dict | None = None  # the collector's state_dict() after step ``snapshot_at``, as a checkpoint takes it
+    draws: dict[int, int] = field(default_factory=dict)  # draw_id -> row_index of every group trained
 
 
-def _drive(environment: Tau2Environment, *, steps: int, train_s: float, max_age: int = MAX_AGE) -> Run:
+def _drive(
+    environment: Tau2Environment,
+    *,
+    steps: int,
+    train_s: float,
+    max_age: int = MAX_AGE,
+    start: int = 0,
+    state: dict | None = None,
+    snapshot_at: int | None = None,
+) -> Run:
     settings = GRPOSettings(
         num_prompts_per_step=PROMPTS_PER_STEP, num_generations_per_prompt=2, max_num_steps=steps,
         max_rollout_concurrency=16, curriculum={"enabled": False}, reward_shaping={"enabled": False},
@@ -54,11 +65,13 @@ def _drive(environment: Tau2Environment, *, steps: int, train_s: float, max_age:
         GRPODataConfig(domains=["mock"], train_split="base", val_split=None, task_ids=tasks, compact_rows=True)
     )
     curriculum = TaskCurriculum([f"{r['domain']}/{r['task_id']}" for r in rows], settings.curriculum, seed=0)
-    collector = AsyncCollector(settings, rows, curriculum, environment.agent_urls, SAMPLING, weight_version=0)
+    if state is not None:
+        curriculum.load_state_dict(state["curriculum"])
+    collector = AsyncCollector(settings, rows, curriculum, environment.agent_urls, SAMPLING, start, state)
     run = Run()
     collector.start()
     try:
-        for step in range(steps):
+        for step in range(start, steps):
             groups, results, _ = collector.take(step)
             assert [g.group for g in collector.last_taken] == groups and len(groups) == PROMPTS_PER_STEP
             assert all(r.ok for r in results), [r.error for r in results]
@@ -69,6 +82,9 @@ def _drive(environment: Tau2Environment, *, steps: int, train_s: float, max_age:
                 time.sleep(0.02)  # the weights load
                 run.loads.append((started, time.monotonic(), step + 1))
             run.metrics.append(collector.step_metrics())
+            run.draws |= {group.draw.draw_id: group.draw.row_index for group in collector.last_taken}
+            if step + 1 == snapshot_at:
+                run.snapshot = collector.state_dict()
     finally:
         collector.stop()
     return run
@@ -106,6 +122,30 @@ def test_weights_never_load_while_an_episode_runs_and_each_group_carries_the_ver
         assert group.weight_version == max(loads_before, default=0), (group.draw, loads_before)
     assert sum(m["train/async/trainer_idle_fraction"] for m in run.metrics) > 0  # it did wait for episodes
     assert any(group.weight_version > 0 for group in groups)
+
+
+def test_a_resumed_collector_regenerates_the_prompts_not_yet_trained_and_trains_none_twice(environment):
+    """A checkpoint after step 2 holds the prompts drawn but not trained (buffered or running); a collector resumed
+    from it regenerates those first, under the same group ids, then draws on from the saved curriculum: draw k is
+    the same row as in the uninterrupted run, no prompt is trained twice, none is lost."""
+    uninterrupted = _drive(environment, steps=5, train_s=0.05, snapshot_at=2)
+    before = {draw: row for draw, row in uninterrupted.draws.items() if draw in _trained(uninterrupted, upto=2)}
+    pending = uninterrupted.snapshot["async_collector"]["pending_draws"]
+    assert pending and not set(before) & {draw for draw, _ in pending}
+    resumed = _drive(environment, steps=5, train_s=0.05, start=2, state=uninterrupted.snapshot)
+    assert not set(before) & set(resumed.draws)  # nothing trained before the checkpoint is trained again
+    first_resumed = [group.draw.draw_id for group in resumed.taken[0][1]]
+    assert set(first_resumed) <= {draw for draw, _ in pending}  # the pending prompts go first
+    assert all(group.weight_version >= 2 for _, taken in resumed.taken for group in taken)  # regenerated
+    both = set(resumed.draws) & set(uninterrupted.draws)
+    assert len(both) >= PROMPTS_PER_STEP and all(resumed.draws[d] == uninterrupted.draws[d] for d in both)
+    pending_ids = {draw for draw, _ in pending}
+    assert set(before) | pending_ids == set(range(uninterrupted.snapshot["async_collector"]["next_draw_id"]))
+    assert pending_ids <= set(resumed.draws)  # no prompt lost: each one drawn before the checkpoint trains once
+
+
+def _trained(run: Run, upto: int) -> set[int]:
+    return {group.draw.draw_id for step, taken in run.taken if step < upto for group in taken}
 
 
 def _versioned(draw_id: int, version: int) -> VersionedGroup:
