@@ -62,10 +62,12 @@ def run_sync(env, generation, steps: int, train_s: float) -> dict:
         generate_times.append(time.perf_counter() - started)
         time.sleep(train_s)  # train, then the weight update (instant here)
         step_times.append(time.perf_counter() - started)
+    waited = [generating / step for generating, step in zip(generate_times[1:], step_times[1:], strict=True)]
     return {
         "step_s": statistics.fmean(step_times[1:]),
         "generation_s": statistics.fmean(generate_times[1:]),
-        "trainer_idle_fraction": statistics.fmean(g / t for g, t in zip(generate_times[1:], step_times[1:], strict=True)),
+        "trainer_idle_fraction": statistics.fmean(waited),  # the trainer waits for every rollout
+        "generation_idle_fraction": 1 - statistics.fmean(waited),  # ... and generation for every update
     }
 
 
