@@ -213,8 +213,9 @@ def training_sequences(s: GRPOSetup, groups: list[EpisodeGroup]) -> tuple[list[T
 
 
 def train(s: GRPOSetup, sequences: list[TrainingSequence]) -> dict[str, float]:
-    """Attach the trainer's (and reference) logprobs, check them against the generator's (the last weight sync
-    must be what generated these tokens), then one update on exactly the sampled tokens."""
+    """Attach the trainer's (and reference) logprobs, check them against the generator's (sync: the last weight
+    sync must be what generated these tokens; async: groups up to ``max_trajectory_age_steps`` old differ by that
+    staleness too, which the importance correction weighs), then one update on exactly the sampled tokens."""
     for sequence, logprobs in zip(sequences, s.policy.get_logprobs(sequences), strict=True):
         sequence.prev_logprobs = logprobs
     agreement = {f"generation_agreement/{key}": value for key, value in generation_agreement(sequences).items()}
