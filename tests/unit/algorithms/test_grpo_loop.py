@@ -23,6 +23,7 @@ from nemo_tau2.algorithms.grpo_config import GRPOMasterConfig
 from nemo_tau2.algorithms.sft_data import ConversionReport, rows_from_rollout_records
 from nemo_tau2.config import apply_overrides, load_config, validate_config
 from nemo_tau2.generation.validation import gym_rule_violations
+from nemo_tau2.models.policy.checkpoint import read_trainer_state
 from nemo_tau2.testing.warm_start import build_tiny_policy, first_call_preference
 
 CONFIGS = Path(__file__).parents[3] / "examples" / "configs"
@@ -139,10 +140,20 @@ def test_async_grpo_with_max_age_1_raises_the_mean_reward(tiny_policy, tmp_path)
     # stale learn a little slower than the sync run's, hence 10 steps
     run = _train_and_validate(
         tiny_policy, tmp_path, "grpo.val_num_generations_per_prompt=64", "policy.generation.hf_cfg.in_process=false",
-        "+grpo.async_grpo.enabled=true", "+grpo.async_grpo.max_trajectory_age_steps=1", steps=10,
+        "+grpo.async_grpo.enabled=true", "+grpo.async_grpo.max_trajectory_age_steps=1",
+        "checkpointing.enabled=true", "checkpointing.save_period=5", steps=10,
     )  # fmt: skip
     ages = [step["train/async/trajectory_age_max"] for step in run["history"]]
     assert max(ages) == 1 and all(step["train/async/groups_dropped_for_age"] == 0 for step in run["history"])
+    # checkpoints keep the prompts drawn but not trained (a resume regenerates them); at the end none is left, and
+    # exactly 10 steps x 2 prompts were drawn: the collector generated nothing the trainer did not use
+    midway = read_trainer_state(tmp_path / "checkpoints" / "step_5")["async_collector"]
+    pending = [draw for draw, _ in midway["pending_draws"]]
+    assert len(pending) >= 2 and max(pending) < midway["next_draw_id"], midway
+    assert read_trainer_state(tmp_path / "checkpoints" / "step_10")["async_collector"] == {
+        "pending_draws": [],
+        "next_draw_id": 20,
+    }
     assert run["after"] > run["before"] + 0.15, run | {"history": None}
     assert run["margin"] > margin_before + 1.5, (margin_before, run["margin"])
 
