@@ -142,6 +142,8 @@ class AsyncCollector:
         metrics with the synchronous loop's names."""
         started = time.monotonic()
         with self._cond:
+            if self._thread is None:
+                raise RuntimeError("take(): the collector is not running; call start() first")
             if step != self._next_step:
                 raise ValueError(f"take({step}): the next step to serve is {self._next_step}")
             while True:
@@ -194,11 +196,13 @@ class AsyncCollector:
                 self._raise_if_failed()
                 self._cond.wait()
             self._trainer_idle_s += time.monotonic() - started
+        loaded = False
         try:
             yield
+            loaded = True
         finally:
             with self._cond:
-                if new_weight_version is not None:
+                if new_weight_version is not None and loaded:  # a failed load leaves the old version served
                     self._version = new_weight_version
                 self._paused = False
             self._wake_collector()
