@@ -35,6 +35,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from nemo_tau2.algorithms.curriculum import TaskCurriculum
+from nemo_tau2.algorithms.grpo_config import GRPOSettings
 from nemo_tau2.algorithms.replay_buffer import PromptDraw, ReplayBuffer, VersionedGroup
 from nemo_tau2.algorithms.reward_shaping import RewardShapingConfig, shape_reward
 from nemo_tau2.algorithms.sampling import (
@@ -76,14 +77,14 @@ class AsyncCollector:
     """Generates versioned prompt groups in a background thread; the trainer takes them by step (module docstring).
 
     Args:
-        settings: the ``grpo`` block (a ``GRPOSettings``): group sizes, the age bound, sampling and shaping.
+        settings: the ``grpo`` block: group sizes, the age bound, sampling and shaping.
         weight_version: the step whose weights the generation backend serves now (the first step to train).
         state: a checkpoint's :meth:`state_dict`, whose curriculum the caller has restored into ``curriculum``.
     """
 
     def __init__(
         self,
-        settings: Any,
+        settings: GRPOSettings,
         train_rows: list[dict],
         curriculum: TaskCurriculum,
         agent_urls: dict[str, Any],
@@ -120,6 +121,8 @@ class AsyncCollector:
     # ------------------------------------------------------------------------------------------ trainer side
 
     def start(self) -> None:
+        with self._cond:  # the idle accounting starts with the collector, not with its construction
+            self._idle_since = self._window_start = time.monotonic()
         ready = threading.Event()
         self._thread = threading.Thread(target=asyncio.run, args=(self._run(ready),), name="async-collector")
         self._thread.daemon = True
