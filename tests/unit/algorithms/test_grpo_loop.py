@@ -9,6 +9,7 @@ read of the same change.
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -154,6 +155,19 @@ def test_async_grpo_with_max_age_1_raises_the_mean_reward(tiny_policy, tmp_path)
         "pending_draws": [],
         "next_draw_id": 20,
     }
+    # resumed from step 5, the run's next step trains the first prompts pending there, regenerated with the step-5
+    # weights under the same group ids
+    shutil.rmtree(tmp_path / "checkpoints" / "step_10")
+    async_overrides = ["policy.generation.hf_cfg.in_process=false", "+grpo.async_grpo.enabled=true"]
+    s = grpo.setup(_config(tmp_path, tiny_policy, *async_overrides, "grpo.max_num_steps=6"), train_rows, [])
+    try:
+        assert s.start_step == 5
+        grpo.grpo_train(s)
+        resumed = s.collector.last_taken
+    finally:
+        s.close()
+    assert sorted(group.draw.draw_id for group in resumed) == sorted(pending)[:2]
+    assert all(group.weight_version == 5 for group in resumed)
     assert run["after"] > run["before"] + 0.15, run | {"history": None}
     assert run["margin"] > margin_before + 1.5, (margin_before, run["margin"])
 
