@@ -10,6 +10,11 @@ on policy-generated tokens; clipped ratio, optional KL, importance correction be
 logprobs); (5) **sync** the new weights into the generation backend in place; (6) **log**, validate every
 ``val_period`` steps with the evaluator's metrics, checkpoint every ``save_period`` steps.
 
+Async GRPO (``grpo.async_grpo.enabled``, NeMo-RL's semantics) is the same loop: step (1) takes the oldest groups
+within ``max_trajectory_age_steps`` from the replay buffer that :class:`AsyncCollector` fills beside the trainer
+(scored and filtered as in (1)-(2)), and (5) pauses the collector while the weights load; see
+:mod:`nemo_tau2.algorithms.async_collector` for its bound, weight updates and checkpoints.
+
 References: GRPO (Shao et al. 2024, https://arxiv.org/abs/2402.03300); RLOO baseline (Ahmadian et al. 2024,
 https://arxiv.org/abs/2402.14740); dynamic sampling (DAPO, https://arxiv.org/abs/2503.14476); NeMo-RL's
 ``grpo_train`` for names and semantics.
@@ -18,7 +23,7 @@ https://arxiv.org/abs/2402.14740); dynamic sampling (DAPO, https://arxiv.org/abs
 import logging
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,11 +33,11 @@ import torch
 from nemo_tau2.algorithms import training_setup
 from nemo_tau2.algorithms.advantages import compute_advantages
 from nemo_tau2.algorithms.agreement import generation_agreement
+from nemo_tau2.algorithms.async_collector import AsyncCollector, record_successes, score_rollouts
 from nemo_tau2.algorithms.curriculum import TaskCurriculum
 from nemo_tau2.algorithms.grpo_config import GRPOMasterConfig
 from nemo_tau2.algorithms.loss import ClippedPGLossFn
-from nemo_tau2.algorithms.reward_shaping import shape_reward
-from nemo_tau2.algorithms.sampling import DynamicSampler, EpisodeGroup, ScoredEpisode, flatten_groups
+from nemo_tau2.algorithms.sampling import DynamicSampler, EpisodeGroup, flatten_groups
 from nemo_tau2.algorithms.training_setup import (  # noqa: F401  (resumable_checkpoint, checkpoint_step: this module's API)
     checkpoint_step,
     resumable_checkpoint,
@@ -70,6 +75,7 @@ class GRPOSetup:
     start_step: int = 0
     resources: ExitStack = field(default_factory=ExitStack)
     on_rollout_progress: Callable[[RolloutProgress], None] | None = None  # e.g. a progress bar's postfix
+    collector: AsyncCollector | None = None  # async GRPO (grpo.async_grpo.enabled): generates beside the trainer
 
     def close(self) -> None:
         self.resources.close()
@@ -109,7 +115,7 @@ def setup(cfg: GRPOMasterConfig, train_rows: list[dict], val_rows: list[dict]) -
         )
         curriculum = TaskCurriculum([_task_key(row) for row in train_rows], cfg.grpo.curriculum, cfg.grpo.seed)
         metrics_logger = resources.enter_context(MetricsLogger(cfg.logger))
-        start_step = 0
+        start_step, state = 0, None
         latest = resumable_checkpoint(cfg.checkpointing.checkpoint_dir) if cfg.checkpointing.enabled else None
         if latest is not None:
             state = policy.load_checkpoint(latest)
@@ -121,6 +127,13 @@ def setup(cfg: GRPOMasterConfig, train_rows: list[dict], val_rows: list[dict]) -
             start_step = int(state["step"])
             curriculum.load_state_dict(state["curriculum"])
             logger.info("resumed from %s at step %d", latest, start_step)
+        collector = None
+        if cfg.grpo.async_grpo.enabled:  # started by grpo_train; restores the prompts not yet trained (its docs)
+            sampling = SamplingParams.from_generation(cfg.policy.generation)
+            collector = AsyncCollector(
+                cfg.grpo, train_rows, curriculum, environment.agent_urls, sampling, start_step, state
+            )
+            resources.callback(collector.stop)  # before the servers it talks to stop
         s = GRPOSetup(
             cfg,
             policy,
@@ -132,6 +145,7 @@ def setup(cfg: GRPOMasterConfig, train_rows: list[dict], val_rows: list[dict]) -
             metrics_logger,
             start_step,
             resources,
+            collector=collector,
         )
         if latest is not None:
             sync_weights(s)  # the generation backend must serve the resumed weights
@@ -164,25 +178,9 @@ def generate(s: GRPOSetup, step: int) -> tuple[list[EpisodeGroup], list[RolloutR
             max_concurrency=grpo.max_rollout_concurrency,
             on_progress=s.on_rollout_progress,
         )
-        scored = []
-        for result in results:
-            group_id = f"{step}.{batch}.{result.group_index}"
-            if result.ok:
-                reward = shape_reward(result.success, result.reward_components, result.domain, grpo.reward_shaping)
-            else:
-                reward = 0.0  # never used: the sampler drops infrastructure errors before anything reads it
-            scored.append(
-                ScoredEpisode(
-                    group_id, reward, status=result.status, truncated=result.truncated_by is not None, data=result
-                )
-            )
-        successes_by_task: dict[str, list[bool]] = {}
-        for result in results:
-            if result.ok:
-                successes_by_task.setdefault(f"{result.domain}/{result.task_id}", []).append(result.success)
-        for task_key, successes in successes_by_task.items():
-            s.curriculum.record(task_key, successes)
-        sampler.add_generation_batch(scored)
+        group_ids = [f"{step}.{batch}.{result.group_index}" for result in results]
+        record_successes(s.curriculum, results)
+        sampler.add_generation_batch(score_rollouts(results, group_ids, grpo.reward_shaping))
         all_results += results
         batch += 1
     groups, sampling_metrics = sampler.take()
@@ -221,8 +219,9 @@ def training_sequences(s: GRPOSetup, groups: list[EpisodeGroup]) -> tuple[list[T
 
 
 def train(s: GRPOSetup, sequences: list[TrainingSequence]) -> dict[str, float]:
-    """Attach the trainer's (and reference) logprobs, check them against the generator's (the last weight sync
-    must be what generated these tokens), then one update on exactly the sampled tokens."""
+    """Attach the trainer's (and reference) logprobs, check them against the generator's (sync: the last weight
+    sync must be what generated these tokens; async: groups up to ``max_trajectory_age_steps`` old differ by that
+    staleness too, which the importance correction weighs), then one update on exactly the sampled tokens."""
     for sequence, logprobs in zip(sequences, s.policy.get_logprobs(sequences), strict=True):
         sequence.prev_logprobs = logprobs
     agreement = {f"generation_agreement/{key}": value for key, value in generation_agreement(sequences).items()}
@@ -233,27 +232,36 @@ def train(s: GRPOSetup, sequences: list[TrainingSequence]) -> dict[str, float]:
     return {f"train/{key}": value for key, value in metrics.items()}
 
 
-def sync_weights(s: GRPOSetup) -> None:
-    """Load the trainer's weights into the generation backend in place (no restart)."""
-    sync_policy_weights(s.policy, s.generation, s.cfg.checkpointing.checkpoint_dir)
+def sync_weights(s: GRPOSetup, weight_version: int | None = None) -> None:
+    """Load the trainer's weights (those after ``weight_version`` steps) into the generation backend in place.
+
+    Async: the collector first stops starting episodes and lets the running ones finish (no episode mixes two
+    weight versions: ``in_flight_weight_updates: false``), then generates with the new version."""
+    if s.collector is None or weight_version is None:
+        sync_policy_weights(s.policy, s.generation, s.cfg.checkpointing.checkpoint_dir)
+        return
+    with s.collector.paused(weight_version):
+        sync_policy_weights(s.policy, s.generation, s.cfg.checkpointing.checkpoint_dir)
 
 
 def validate(s: GRPOSetup, step: int) -> dict[str, float]:
     """The evaluator's metrics (pass@k, pass^k, mean reward per domain) on the validation rows; the episodes go to
-    ``<logger.log_dir>/validation/step_<step>/rollouts.jsonl``."""
+    ``<logger.log_dir>/validation/step_<step>/rollouts.jsonl``. The async collector waits meanwhile."""
     grpo = s.cfg.grpo
-    return validation_metrics(
-        s.environment, s.val_rows[: grpo.max_val_samples], s.cfg.policy.generation,
-        num_generations=grpo.val_num_generations_per_prompt, max_concurrency=grpo.max_rollout_concurrency,
-        seed=grpo.seed, save_dir=validation_dir(s.cfg.logger.log_dir, step), on_progress=s.on_rollout_progress,
-    )  # fmt: skip
+    with s.collector.paused() if s.collector is not None else nullcontext():
+        return validation_metrics(
+            s.environment, s.val_rows[: grpo.max_val_samples], s.cfg.policy.generation,
+            num_generations=grpo.val_num_generations_per_prompt, max_concurrency=grpo.max_rollout_concurrency,
+            seed=grpo.seed, save_dir=validation_dir(s.cfg.logger.log_dir, step), on_progress=s.on_rollout_progress,
+        )  # fmt: skip
 
 
 def save_checkpoint(s: GRPOSetup, step: int) -> Path:
-    directory = s.policy.save_checkpoint(
-        step_dir(s.cfg.checkpointing.checkpoint_dir, step),
-        {"step": step, "curriculum": s.curriculum.state_dict(), "tau2_version": s.cfg.tau2.version},
-    )
+    """Weights, optimizer, the curriculum and (async) the prompts drawn but not yet trained (regenerated on resume);
+    the tau2 release trained on."""
+    state = s.collector.state_dict() if s.collector is not None else {"curriculum": s.curriculum.state_dict()}
+    state |= {"step": step, "tau2_version": s.cfg.tau2.version}
+    directory = s.policy.save_checkpoint(step_dir(s.cfg.checkpointing.checkpoint_dir, step), state)
     if s.cfg.checkpointing.keep_top_k is not None:
         prune_checkpoints(s.cfg.checkpointing.checkpoint_dir, s.cfg.checkpointing.keep_top_k)
     return directory
@@ -268,16 +276,19 @@ def grpo_train(s: GRPOSetup, on_step: Callable[[int, dict[str, float]], None] | 
     history = []
     if cfg.grpo.val_at_start and s.start_step == 0 and s.val_rows:
         s.metrics_logger.log(0, validate(s, 0))
+    if s.collector is not None:
+        s.collector.start()  # async: from here on, groups are generated while the trainer trains
     for step in range(s.start_step, cfg.grpo.max_num_steps):
         timings: dict[str, float] = {}
         with _timed(timings, "step"):
-            with _timed(timings, "rollout"):
-                groups, results, metrics = generate(s, step)
+            with _timed(timings, "rollout"):  # async: take the oldest groups within the age bound from the buffer
+                groups, results, metrics = s.collector.take(step) if s.collector else generate(s, step)
             with _timed(timings, "train"):
                 sequences, advantage_metrics = training_sequences(s, groups)
                 metrics |= advantage_metrics | train(s, sequences)
             with _timed(timings, "weight_sync"):
-                sync_weights(s)
+                sync_weights(s, weight_version=step + 1)
+        metrics |= s.collector.step_metrics() if s.collector else {}
         metrics |= timings | {f"train/rollout/{k}": v for k, v in rollout_metrics(results).items()}
         metrics |= _per_domain_success(results)
         metrics["train/tokens_per_s"] = sum(len(q) for q in sequences) / max(timings["timing/train_s"], 1e-9)

@@ -31,8 +31,8 @@ class _Strict(BaseModel):
 class AsyncGRPOConfig(_Strict):
     """``grpo.async_grpo``: generation overlapping training with bounded staleness (NeMo-RL's keys and defaults).
 
-    Not implemented yet (issue 24: the collector and replay buffer): ``enabled: true`` is refused by
-    :class:`GRPOMasterConfig` once the rest of the config allows it, so no run silently trains synchronously.
+    The collector and replay buffer: :mod:`nemo_tau2.algorithms.async_collector`. ``in_flight_weight_updates: true``
+    (per-turn weight versions) is not built yet and is refused (issue 24).
     """
 
     enabled: bool = Field(default=False, description="Generate the next steps' groups while the trainer trains.")
@@ -146,11 +146,6 @@ class GRPOMasterConfig(_Strict):
         problems += self._async_grpo_problems()
         if problems:
             raise ValueError("; ".join(problems))
-        if self.grpo.async_grpo.enabled:  # every other check passed: say why it still cannot run
-            raise ValueError(
-                "grpo.async_grpo.enabled: async GRPO's collector and replay buffer are not implemented yet "
-                "(issue 24); set grpo.async_grpo.enabled=false to train synchronously"
-            )
         return self
 
     def _async_grpo_problems(self) -> list[str]:
@@ -163,6 +158,11 @@ class GRPOMasterConfig(_Strict):
             problems.append(
                 "grpo.async_grpo.enabled requires loss_fn.use_importance_sampling_correction=true (trajectories "
                 "come from older weights than the trainer's)"
+            )
+        if self.grpo.async_grpo.in_flight_weight_updates:
+            problems.append(
+                "grpo.async_grpo.in_flight_weight_updates=true is not implemented yet (issue 24: per-turn weight "
+                "versions); set it to false (running episodes finish before each weight update)"
             )
         generation = self.policy.generation
         if generation is not None and generation.backend == "hf" and generation.backend_block.in_process:

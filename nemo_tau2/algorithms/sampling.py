@@ -114,6 +114,31 @@ def flatten_groups(groups: Sequence[EpisodeGroup]) -> tuple[list[ScoredEpisode],
     return episodes, indices
 
 
+@dataclass
+class FilterCounts:
+    """What :func:`filter_generation_batch` removed or changed."""
+
+    infra_errors: int = 0
+    truncated: int = 0
+    zero_variance_groups: int = 0
+
+
+def filter_generation_batch(
+    episodes: Iterable[ScoredEpisode], cfg: SamplingConfig
+) -> tuple[list[EpisodeGroup], FilterCounts]:
+    """Steps 1-3 of the module docstring on one generation batch (the sync loop's, or one async group)."""
+    kept, num_infra_errors = drop_infrastructure_errors(episodes)
+    if num_infra_errors:
+        logger.warning("dropped %d episode(s) with infrastructure errors", num_infra_errors)
+    counts = FilterCounts(num_infra_errors, sum(episode.truncated for episode in kept))
+    groups = group_episodes(apply_overlong_policy(kept, cfg))
+    if cfg.use_dynamic_sampling:
+        varied = [group for group in groups if group.has_reward_variance()]
+        counts.zero_variance_groups = len(groups) - len(varied)
+        groups = varied
+    return groups, counts
+
+
 class DynamicSampler:
     """Collects groups over generation batches until a training batch is ready.
 
@@ -153,16 +178,10 @@ class DynamicSampler:
         if self.is_full:
             raise RuntimeError("the training batch is already full; call take() first")
         self._num_gen_batches += 1
-        kept, num_infra_errors = drop_infrastructure_errors(episodes)
-        if num_infra_errors:
-            logger.warning("dropped %d episode(s) with infrastructure errors", num_infra_errors)
-        self._num_infra_errors += num_infra_errors
-        self._num_truncated += sum(episode.truncated for episode in kept)
-        groups = group_episodes(apply_overlong_policy(kept, self.cfg))
-        if self.cfg.use_dynamic_sampling:
-            varied = [group for group in groups if group.has_reward_variance()]
-            self._num_zero_variance_groups += len(groups) - len(varied)
-            groups = varied
+        groups, counts = filter_generation_batch(episodes, self.cfg)
+        self._num_infra_errors += counts.infra_errors
+        self._num_truncated += counts.truncated
+        self._num_zero_variance_groups += counts.zero_variance_groups
         self._groups.extend(groups)
         if not self.is_full and self._num_gen_batches >= self.cfg.dynamic_sampling_max_gen_batches:
             raise DynamicSamplingExhaustedError(

@@ -1,6 +1,7 @@
 """Config errors of async GRPO and truncated importance sampling: one line each, naming the keys, and exit 2 from
-``run_grpo.py`` before anything starts. ``grpo.async_grpo.enabled: true`` is refused even when valid, because its
-collector is not built yet (issue 24): a run must never silently train synchronously instead."""
+``run_grpo.py`` before anything starts. ``grpo.async_grpo.enabled: true`` validates with the importance correction
+and generation in its own process; ``in_flight_weight_updates: true`` is refused until per-turn weight versions exist
+(issue 24): a run must never silently wait for episodes when told not to."""
 
 import importlib.util
 import sys
@@ -60,9 +61,9 @@ CASES = [
         id="async-age-zero",
     ),
     pytest.param(
-        [ASYNC, NOT_COLOCATED, *TIS, "+loss_fn.truncated_importance_sampling_type=icepop"],
-        "grpo.async_grpo.enabled: async GRPO's collector and replay buffer are not implemented yet (issue 24)",
-        id="async-valid-but-not-built",
+        [ASYNC, NOT_COLOCATED, "+grpo.async_grpo.in_flight_weight_updates=true"],
+        "grpo.async_grpo.in_flight_weight_updates=true is not implemented yet (issue 24: per-turn weight versions)",
+        id="async-in-flight-updates-not-built",
     ),
 ]
 
@@ -88,6 +89,15 @@ def test_defaults_are_nemo_rl_and_the_valid_keys_validate():
     assert validate_config(_raw(), GRPOMasterConfig).loss_fn.truncation_type is None  # off by default
     ratio_only = validate_config(_raw("+loss_fn.truncated_importance_sampling_ratio=2.0"), GRPOMasterConfig)
     assert ratio_only.loss_fn.truncation_type == "tis"  # the ratio alone clips, as in NeMo-RL
+
+
+def test_async_grpo_validates_with_importance_correction_and_its_own_generation_process():
+    cfg = validate_config(
+        _raw(ASYNC, NOT_COLOCATED, "+grpo.async_grpo.max_trajectory_age_steps=2", *TIS), GRPOMasterConfig
+    )
+    settings = cfg.grpo.async_grpo
+    assert settings.enabled and settings.max_trajectory_age_steps == 2 and not settings.in_flight_weight_updates
+    assert cfg.loss_fn.use_importance_sampling_correction and not cfg.policy.generation.hf_cfg.in_process
 
 
 def _run_grpo_main(monkeypatch, capsys, *argv: str) -> tuple[int, str]:
