@@ -11,6 +11,13 @@ from collections.abc import Callable
 STOP_BOUND_S = 5.0
 
 
+def as_from_a_terminal() -> None:
+    """``preexec_fn`` for a process a test will Ctrl-C: start it as from a terminal. A test runner started in the
+    background by a script inherits SIGINT ignored (POSIX shells do that to background jobs), and so would its
+    children, where Python then installs no KeyboardInterrupt handler: the test's Ctrl-C would be lost."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_in_flight(send: Callable[[], object], count: int) -> list[threading.Thread]:
     """``count`` daemon threads, each making one ``send()`` call; whatever it raises (the server going away) is
     ignored: the point is that the server has work in hand when the signal comes."""

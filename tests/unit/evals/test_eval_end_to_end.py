@@ -14,6 +14,7 @@ import pytest
 from nemo_tau2.config import apply_overrides, load_config
 from nemo_tau2.evals.eval import run_eval, setup_eval
 from nemo_tau2.tau2_env.gym_rows import task_row
+from tests.sigterm import as_from_a_terminal
 
 FAKE = "examples/configs/evals/tau2_fake.yaml"
 # Tasks whose first write action, given one wrong argument (the fake's `wrong_argument` policy), scores 0.
@@ -21,12 +22,6 @@ FLAKY_TASKS = [("airline", "2"), ("airline", "8"), ("retail", "5"), ("retail", "
 EVERY_OTHER_SAMPLE_FAILS = "{tau2: {policy: {variant: wrong_argument, variant_every: 2}}}"
 # n = 4 with samples 1 and 3 failing: c = 2 per task.
 EXPECTED = {"pass@1": 0.5, "pass@2": 1 - 1 / 6, "pass@4": 1.0, "pass^1": 0.5, "pass^2": 1 / 6, "pass^4": 0.0}
-
-
-def _ctrl_c_reaches_it() -> None:
-    """Start the run as from a terminal: a test runner started in the background by a script inherits SIGINT
-    ignored (POSIX shells do that to background jobs), its children too, and the Ctrl-C below would be lost."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _rows_file(tmp_path: Path) -> Path:
@@ -88,7 +83,7 @@ def test_killing_the_run_halfway_and_rerunning_completes_it_without_repeating_ep
         f"policy.generation.fake_cfg={{latency_ms: 150, {EVERY_OTHER_SAMPLE_FAILS[1:-1]}}}",
     ]
     first = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=_ctrl_c_reaches_it
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=as_from_a_terminal
     )
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:

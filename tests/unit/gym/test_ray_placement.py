@@ -48,6 +48,7 @@ from nemo_tau2.gym.stack import (
 )
 from nemo_tau2.models.policy import Policy, TrainingSequence
 from nemo_tau2.tau2_env.gym_rows import task_row
+from tests.sigterm import as_from_a_terminal
 
 GYM = "gym_cpu"
 GRPO_SMOKE = Path(__file__).parents[3] / "examples" / "configs" / "grpo_tau2_cpu_smoke.yaml"
@@ -303,7 +304,7 @@ def test_ctrl_c_on_the_head_process_stops_its_ray_placed_servers(cluster, tmp_pa
         [sys.executable, "-c", HEAD_RUN, cluster[0].address, str(tmp_path)],
         stdout=subprocess.PIPE,
         text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as from a terminal
+        preexec_fn=as_from_a_terminal,
     )
     try:
         lines = iter(head.stdout.readline, "")  # Ray may print its own lines to the driver's stdout
