@@ -32,7 +32,7 @@ import nemo_tau2  # noqa: F401  (offline settings before tau2 loads litellm)
 from nemo_tau2.cluster import ClusterConfig, ray_connection
 from nemo_tau2.experience.rollouts import OK, SamplingParams, run_nemo_gym_rollout_sync
 from nemo_tau2.generation import GenerationConfig
-from nemo_tau2.gym.capacity import GENERATION_TOKENS_PER_S_PER_GPU, TOKENS_PER_POLICY_TURN
+from nemo_tau2.gym.capacity import GENERATION_TOKENS_PER_S_PER_GPU, TOKENS_PER_POLICY_TURN, plan_gym_capacity
 from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec
 from nemo_tau2.gym.episode_config import NemoGymEnvConfig
 from nemo_tau2.gym.stack import AGENT, POLICY_MODEL, RESOURCES_SERVER, USER_MODEL
@@ -107,14 +107,18 @@ def measure(replicas: int, episodes: int, concurrency: int, log_dir: Path) -> di
 
 
 def replicas_per_gpu(cpu_ms: dict[str, float], tokens_per_s_per_gpu: float, tokens_per_turn: float) -> dict:
-    """Replicas (one CPU each) that one generation GPU's policy turns keep busy."""
-    turns_per_s = tokens_per_s_per_gpu / tokens_per_turn
+    """Replicas (one CPU each) that one generation GPU's policy turns keep busy: the capacity plan of ``--plan``
+    (:func:`nemo_tau2.gym.capacity.plan_gym_capacity`) for one GPU, with this run's CPU per turn."""
     agent_ms = cpu_ms["agent"] + cpu_ms["model_servers"]  # an agent replica's bundle holds its model servers
+    plan = plan_gym_capacity(
+        1, 1, 1, tokens_per_s_per_gpu=tokens_per_s_per_gpu, tokens_per_turn=tokens_per_turn,
+        cpu_s_per_turn={"agent": agent_ms / 1000, "resources": cpu_ms["resources"] / 1000},
+    )  # fmt: skip
     return {
-        "policy_turns_per_s_per_gpu": round(turns_per_s, 1),
+        "policy_turns_per_s_per_gpu": round(plan.policy_turns_per_s, 1),
         "agent_replica_cpu_ms_per_turn": round(agent_ms, 3),
-        "agent_replicas": round(turns_per_s * agent_ms / 1000, 2),
-        "resources_replicas": round(turns_per_s * cpu_ms["resources"] / 1000, 2),
+        "agent_replicas": round(plan.replicas_busy("agent"), 2),
+        "resources_replicas": round(plan.replicas_busy("resources"), 2),
     }
 
 

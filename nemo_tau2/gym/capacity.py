@@ -27,37 +27,35 @@ before it is a prefix-cache hit): ``bench/data/tau2_test_episode_lengths.json`` 
 mean of (total - first prompt) / policy turns over the test split, 511 bytes, / 3.8 bytes per BPE token."""
 
 
+ROLES = ("agent", "resources")
+
+
 @dataclass(frozen=True)
 class GymCapacity:
     """The capacity plan: what generation produces, what the configured replicas carry, what is needed."""
 
     generation_gpus: int
-    policy_turns_per_s: float
-    agent_replicas: int
-    resources_replicas: int
-    agent_turns_per_s_per_replica: float
-    resources_turns_per_s_per_replica: float
+    tokens_per_s_per_gpu: float
+    tokens_per_turn: float
+    configured: dict[str, int]  # role -> replicas in the config
+    turns_per_s_per_replica: dict[str, float]  # role -> what one replica (one CPU) carries
 
     @property
-    def agent_replicas_needed(self) -> int:
-        return max(1, math.ceil(self.policy_turns_per_s / self.agent_turns_per_s_per_replica))
+    def policy_turns_per_s(self) -> float:
+        return self.generation_gpus * self.tokens_per_s_per_gpu / self.tokens_per_turn
 
-    @property
-    def resources_replicas_needed(self) -> int:
-        return max(1, math.ceil(self.policy_turns_per_s / self.resources_turns_per_s_per_replica))
+    def replicas_busy(self, role: str) -> float:
+        """Replicas of ``role`` that generation keeps fully busy (a fraction: the benchmark reports it per GPU)."""
+        return self.policy_turns_per_s / self.turns_per_s_per_replica[role]
+
+    def replicas_needed(self, role: str) -> int:
+        return max(1, math.ceil(self.replicas_busy(role)))
 
     @property
     def warnings(self) -> list[str]:
         short = []
-        for role, have, need, each in (
-            ("agent", self.agent_replicas, self.agent_replicas_needed, self.agent_turns_per_s_per_replica),
-            (
-                "resources",
-                self.resources_replicas,
-                self.resources_replicas_needed,
-                self.resources_turns_per_s_per_replica,
-            ),
-        ):
+        for role in ROLES:
+            have, need, each = self.configured[role], self.replicas_needed(role), self.turns_per_s_per_replica[role]
             if have < need:
                 short.append(
                     f"warning: {have} {role} replica(s) carry {have * each:.0f} of the "
@@ -79,11 +77,10 @@ def plan_gym_capacity(
     """The plan for ``generation_gpus`` vLLM GPUs and the configured replicas (one CPU each)."""
     return GymCapacity(
         generation_gpus=generation_gpus,
-        policy_turns_per_s=generation_gpus * tokens_per_s_per_gpu / tokens_per_turn,
-        agent_replicas=agent_replicas,
-        resources_replicas=resources_replicas,
-        agent_turns_per_s_per_replica=1.0 / cpu_s_per_turn["agent"],
-        resources_turns_per_s_per_replica=1.0 / cpu_s_per_turn["resources"],
+        tokens_per_s_per_gpu=tokens_per_s_per_gpu,
+        tokens_per_turn=tokens_per_turn,
+        configured={"agent": agent_replicas, "resources": resources_replicas},
+        turns_per_s_per_replica={role: 1.0 / cpu_s_per_turn[role] for role in ROLES},
     )
 
 
@@ -104,11 +101,12 @@ def format_gym_capacity(capacity: GymCapacity) -> str:
     c = capacity
     lines = [
         "Gym capacity (CPU per policy turn measured by bench/rollout_scaling.py):",
-        f"  generation: {c.generation_gpus} GPU(s) x {GENERATION_TOKENS_PER_S_PER_GPU:,.0f} tokens/s / "
-        f"{TOKENS_PER_POLICY_TURN:.0f} tokens per turn = {c.policy_turns_per_s:.0f} policy turns/s",
-        f"  agent replicas: {c.agent_replicas} configured x {c.agent_turns_per_s_per_replica:.0f} turns/s each, "
-        f"{c.agent_replicas_needed} needed",
-        f"  resources replicas: {c.resources_replicas} configured x {c.resources_turns_per_s_per_replica:.0f} "
-        f"turns/s each, {c.resources_replicas_needed} needed",
+        f"  generation: {c.generation_gpus} GPU(s) x {c.tokens_per_s_per_gpu:,.0f} tokens/s / "
+        f"{c.tokens_per_turn:.0f} tokens per turn = {c.policy_turns_per_s:.0f} policy turns/s",
     ]
+    for role in ROLES:
+        lines.append(
+            f"  {role} replicas: {c.configured[role]} configured x {c.turns_per_s_per_replica[role]:.0f} turns/s "
+            f"each, {c.replicas_needed(role)} needed"
+        )
     return "\n".join(lines + [f"  {line}" for line in c.warnings])

@@ -173,8 +173,9 @@ def test_plan_prints_the_gym_capacity_section_of_the_4b_recipe(monkeypatch, caps
     assert f"1 GPU(s) x 10,000 tokens/s / 135 tokens per turn = {expected.policy_turns_per_s:.0f} policy turns/s" in (
         section
     )
-    assert f"agent replicas: 1 configured x {expected.agent_turns_per_s_per_replica:.0f} turns/s each, 1 needed" in (
-        section
+    assert (
+        f"agent replicas: 1 configured x {expected.turns_per_s_per_replica['agent']:.0f} turns/s each, 1 needed"
+        in (section)
     )
     assert "resources replicas: 1 configured" in section and "warning" not in out
 
@@ -185,14 +186,14 @@ def test_plan_warns_when_the_generation_gpus_outrun_the_configured_replicas(monk
     code, out, err = _run_grpo_main(monkeypatch, capsys, "--config", str(config), "--plan", *sixteen_vllm_gpus)
     assert code == 0, err  # exit status as before: too few replicas slow a run, they do not break it
     capacity = plan_gym_capacity(16, 1, 1)
-    need = capacity.agent_replicas_needed
+    need = capacity.replicas_needed("agent")
     assert need == math.ceil(capacity.policy_turns_per_s * CPU_S_PER_POLICY_TURN["agent"]) > 1
     warnings = [line.strip() for line in out.splitlines() if line.strip().startswith("warning:")]
-    carried = f"1 agent replica(s) carry {capacity.agent_turns_per_s_per_replica:.0f} of the "
+    carried = f"1 agent replica(s) carry {capacity.turns_per_s_per_replica['agent']:.0f} of the "
     carried += f"{capacity.policy_turns_per_s:.0f} policy turns/s"
     assert any(carried in w and f"set env.nemo_gym.agent_replicas={need} " in w for w in warnings), out
     enough = [*sixteen_vllm_gpus, "++cluster.gym_placement=ray", f"++env.nemo_gym.agent_replicas={need}",
-              f"++env.nemo_gym.resources_replicas={capacity.resources_replicas_needed}"]  # fmt: skip
+              f"++env.nemo_gym.resources_replicas={capacity.replicas_needed('resources')}"]  # fmt: skip
     code, out, err = _run_grpo_main(monkeypatch, capsys, "--config", str(config), "--plan", *enough)
     assert code == 0, err
     assert "Gym capacity" in out and "warning" not in out
