@@ -91,16 +91,13 @@ def ray_connection(cluster: ClusterConfig, **local_init_kwargs: Any) -> Iterator
     owned = not ray.is_initialized()
     if owned:
         kwargs: dict[str, Any] = {"include_dashboard": False, "configure_logging": False}
-        address = cluster.ray_address
-        if address is None:
+        # null means a Ray of this run's own: Ray's default would join whatever cluster this machine started last
+        # (and refuse the local sizing); inside a Ray job, RAY_ADDRESS says which cluster is the run's
+        address = cluster.ray_address or os.environ.get("RAY_ADDRESS") or "local"
+        if address == "local":
             kwargs |= local_init_kwargs
-            # null means a Ray of this run's own: Ray's default would join whatever cluster this machine started last
-            # (and refuse the local sizing); inside a Ray job, RAY_ADDRESS says which cluster is the run's
-            address = os.environ.get("RAY_ADDRESS") or "local"
-            if address != "local":
-                kwargs = {key: value for key, value in kwargs.items() if key not in local_init_kwargs}
         ray.init(address=address, **kwargs)
-        logger.info("Ray: %s", "started locally" if cluster.ray_address is None else f"joined {cluster.ray_address}")
+        logger.info("Ray: %s", "started locally" if address == "local" else f"joined {address}")
     try:
         yield ray
     finally:

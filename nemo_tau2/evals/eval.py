@@ -99,11 +99,8 @@ def build_eval_rows(cfg: EvalMasterConfig) -> list[dict]:
                 num_tasks=data.num_tasks,
                 what="data",
             )
-    except (ValueError, Tau2WorkerError) as e:
-        raise ConfigError(str(e)) from e
-    try:
         check_release(rows, cfg.tau2.version, "data.data_path")
-    except ValueError as e:
+    except (ValueError, Tau2WorkerError) as e:
         raise ConfigError(str(e)) from e
     if not rows:
         raise ConfigError("the evaluation selects no tasks; check data.domains, data.split, data.task_ids")
@@ -152,6 +149,11 @@ def summarize(cfg: EvalMasterConfig, raw: DictConfig, log: RolloutLog) -> dict[s
 def policy_model(cfg: EvalMasterConfig) -> str:
     """The evaluated model as resolved: its name or path, an endpoint's model, or the backend (the fake has none)."""
     return model_of(cfg.policy.generation)
+
+
+def user_model(cfg: EvalMasterConfig) -> str:
+    """The user simulator's model (the policy's endpoint when the config has no ``user`` block)."""
+    return model_of(cfg.user_simulator().generation)
 
 
 def model_of(generation: Any) -> str:
@@ -259,15 +261,14 @@ def run_eval(cfg: EvalMasterConfig, raw: DictConfig) -> tuple[dict[str, Any], st
 
 def run_line(cfg: EvalMasterConfig) -> str:
     """What a leaderboard row names beside the scores: the tau2 release, the policy and the user simulator."""
-    user = model_of(cfg.user_simulator().generation)
-    return f"tau2 {cfg.tau2.version}, policy {policy_model(cfg)}, user simulator {user}"
+    return f"tau2 {cfg.tau2.version}, policy {policy_model(cfg)}, user simulator {user_model(cfg)}"
 
 
 def release_run(cfg: EvalMasterConfig) -> dict[str, Any]:
     """The run settings a tau2 results file records (its ``TextRunConfig``), from this evaluation's config."""
     gym = cfg.gym_env()
     return {
-        "llm_agent": policy_model(cfg), "llm_user": model_of(cfg.user_simulator().generation),
+        "llm_agent": policy_model(cfg), "llm_user": user_model(cfg),
         "num_trials": cfg.eval.num_tests_per_prompt, "max_steps": gym.max_steps, "max_errors": gym.max_errors,
         "seed": cfg.user_simulator().seed,
     }  # fmt: skip
