@@ -34,6 +34,7 @@ from nemo_tau2.evals.results import (
     write_json_atomic,
 )
 from nemo_tau2.experience.rollouts import OK, SamplingParams, run_async_nemo_gym_rollout
+from nemo_tau2.generation.llamacpp_server import SMOLLM2_FILE
 from nemo_tau2.generation.local_models import register_local_model_resolver
 from nemo_tau2.generation.prefix_cache import PrefixCacheCounters
 from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec
@@ -157,11 +158,14 @@ def user_model(cfg: EvalMasterConfig) -> str:
 
 
 def model_of(generation: Any) -> str:
-    """A ``generation`` block's model: its name or path, an endpoint's model, or the backend (the fake has none)."""
+    """A ``generation`` block's model: its name or path, an endpoint's model, llama.cpp's GGUF file, or the backend
+    (the fake has none)."""
     if generation.model_name:
         return generation.model_name
     if generation.openai_cfg is not None:
         return f"{generation.openai_cfg.model} at {generation.openai_cfg.base_url}"
+    if generation.backend == "llamacpp":
+        return Path((generation.llamacpp_cfg and generation.llamacpp_cfg.model_path) or SMOLLM2_FILE).name
     return generation.backend
 
 
@@ -249,26 +253,28 @@ def run_eval(cfg: EvalMasterConfig, raw: DictConfig) -> tuple[dict[str, Any], st
             summary["metrics"]["eval/overall/prefix_cache_hit_rate"] = cache_rate
         write_evaluation_data(save_dir, list(log), rows, cfg.eval.num_tests_per_prompt, cfg.eval.keep_transcripts)
         if cfg.tau2.version != "v0.2.1" and cfg.eval.keep_transcripts:  # the release's own results files
-            files = export_results(cfg.tau2, log.latest().values(), save_dir / RESULTS_DIR, release_run(cfg))
+            files = export_results(cfg.tau2, log.latest().values(), save_dir / RESULTS_DIR, release_run(cfg, raw))
             summary["tau2_results"] = {domain: str(path) for domain, path in files.items()}
     finally:
         log.close()
     write_json_atomic(save_dir / SUMMARY_FILE, summary)
     log_metrics(cfg, summary["metrics"])
     table = format_summary_table(summary["metrics"], show_ci=cfg.eval.bootstrap_samples > 0)
-    return summary, f"{headline(cfg, summary['metrics'])}\n{run_line(cfg)}\n\n{table}"
+    return summary, f"{headline(cfg, summary['metrics'])}\n{run_line(cfg, raw)}\n\n{table}"
 
 
-def run_line(cfg: EvalMasterConfig) -> str:
-    """What a leaderboard row names beside the scores: the tau2 release, the policy and the user simulator."""
-    return f"tau2 {cfg.tau2.version}, policy {policy_model(cfg)}, user simulator {user_model(cfg)}"
+def run_line(cfg: EvalMasterConfig, raw: DictConfig) -> str:
+    """What a leaderboard row names beside the scores: the tau2 release, the policy (as the user wrote it) and the
+    user simulator."""
+    policy = policy_model_names(cfg, raw)["policy_model"]
+    return f"tau2 {cfg.tau2.version}, policy {policy}, user simulator {user_model(cfg)}"
 
 
-def release_run(cfg: EvalMasterConfig) -> dict[str, Any]:
+def release_run(cfg: EvalMasterConfig, raw: DictConfig) -> dict[str, Any]:
     """The run settings a tau2 results file records (its ``TextRunConfig``), from this evaluation's config."""
     gym = cfg.gym_env()
     return {
-        "llm_agent": policy_model(cfg), "llm_user": user_model(cfg),
+        "llm_agent": policy_model_names(cfg, raw)["policy_model"], "llm_user": user_model(cfg),
         "num_trials": cfg.eval.num_tests_per_prompt, "max_steps": gym.max_steps, "max_errors": gym.max_errors,
         "seed": cfg.user_simulator().seed,
     }  # fmt: skip
