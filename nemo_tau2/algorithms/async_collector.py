@@ -34,43 +34,19 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-from nemo_tau2.algorithms.curriculum import TaskCurriculum
+from nemo_tau2.algorithms.curriculum import TaskCurriculum, record_successes
 from nemo_tau2.algorithms.grpo_config import GRPOSettings
 from nemo_tau2.algorithms.replay_buffer import PromptDraw, ReplayBuffer, VersionedGroup
-from nemo_tau2.algorithms.reward_shaping import RewardShapingConfig, shape_reward
 from nemo_tau2.algorithms.sampling import (
     DynamicSamplingExhaustedError,
     EpisodeGroup,
     FilterCounts,
-    ScoredEpisode,
     filter_generation_batch,
+    score_rollouts,
 )
 from nemo_tau2.experience.rollouts import RolloutResult, SamplingParams, run_async_nemo_gym_rollout
 
 logger = logging.getLogger(__name__)
-
-
-def score_rollouts(
-    results: list[RolloutResult], group_ids: list[int | str], shaping: RewardShapingConfig
-) -> list[ScoredEpisode]:
-    """Each episode's training reward (tau2 success plus optional shaping); infrastructure errors score nothing."""
-    scored = []
-    for result, group_id in zip(results, group_ids, strict=True):
-        # an infrastructure error's reward is never used: filtering drops it before anything reads it
-        reward = shape_reward(result.success, result.reward_components, result.domain, shaping) if result.ok else 0.0
-        truncated = result.truncated_by is not None
-        scored.append(ScoredEpisode(group_id, reward, status=result.status, truncated=truncated, data=result))
-    return scored
-
-
-def record_successes(curriculum: TaskCurriculum, results: list[RolloutResult]) -> None:
-    """Feed the finished episodes' successes to the curriculum, per task."""
-    successes_by_task: dict[str, list[bool]] = {}
-    for result in results:
-        if result.ok:
-            successes_by_task.setdefault(f"{result.domain}/{result.task_id}", []).append(result.success)
-    for task_key, successes in successes_by_task.items():
-        curriculum.record(task_key, successes)
 
 
 class AsyncCollector:

@@ -11,10 +11,13 @@ and the seeded sampling RNG serialise to JSON, so a resumed run samples exactly 
 """
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+if TYPE_CHECKING:  # the rollouts module is not needed to read a config
+    from nemo_tau2.experience.rollouts import RolloutResult
 
 
 class CurriculumConfig(BaseModel):
@@ -121,3 +124,13 @@ class TaskCurriculum:
         self._attempts = np.array([state["attempts"][k] for k in self.task_keys], dtype=np.int64)
         self._successes = np.array([state["successes"][k] for k in self.task_keys], dtype=np.int64)
         self._rng.bit_generator.state = state["rng"]
+
+
+def record_successes(curriculum: TaskCurriculum, results: list["RolloutResult"]) -> None:
+    """Feed the finished episodes' successes to the curriculum, per task."""
+    successes_by_task: dict[str, list[bool]] = {}
+    for result in results:
+        if result.ok:
+            successes_by_task.setdefault(f"{result.domain}/{result.task_id}", []).append(result.success)
+    for task_key, successes in successes_by_task.items():
+        curriculum.record(task_key, successes)

@@ -33,11 +33,11 @@ import torch
 from nemo_tau2.algorithms import training_setup
 from nemo_tau2.algorithms.advantages import compute_advantages
 from nemo_tau2.algorithms.agreement import generation_agreement
-from nemo_tau2.algorithms.async_collector import AsyncCollector, record_successes, score_rollouts
-from nemo_tau2.algorithms.curriculum import TaskCurriculum
+from nemo_tau2.algorithms.async_collector import AsyncCollector
+from nemo_tau2.algorithms.curriculum import TaskCurriculum, record_successes
 from nemo_tau2.algorithms.grpo_config import GRPOMasterConfig
 from nemo_tau2.algorithms.loss import ClippedPGLossFn
-from nemo_tau2.algorithms.sampling import DynamicSampler, EpisodeGroup, flatten_groups
+from nemo_tau2.algorithms.sampling import DynamicSampler, EpisodeGroup, flatten_groups, score_rollouts
 from nemo_tau2.algorithms.training_setup import (  # noqa: F401  (resumable_checkpoint, checkpoint_step: this module's API)
     checkpoint_step,
     resumable_checkpoint,

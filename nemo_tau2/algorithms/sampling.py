@@ -17,11 +17,15 @@ import dataclasses
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from nemo_tau2.algorithms.reward_shaping import RewardShapingConfig, shape_reward
 from nemo_tau2.evals.metrics import INFRASTRUCTURE_ERROR, EpisodeStatus
+
+if TYPE_CHECKING:  # the rollouts module is not needed to read a config
+    from nemo_tau2.experience.rollouts import RolloutResult
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +141,19 @@ def filter_generation_batch(
         counts.zero_variance_groups = len(groups) - len(varied)
         groups = varied
     return groups, counts
+
+
+def score_rollouts(
+    results: list["RolloutResult"], group_ids: list[int | str], shaping: RewardShapingConfig
+) -> list[ScoredEpisode]:
+    """Each episode's training reward (tau2 success plus optional shaping); infrastructure errors score nothing."""
+    scored = []
+    for result, group_id in zip(results, group_ids, strict=True):
+        # an infrastructure error's reward is never used: filtering drops it before anything reads it
+        reward = shape_reward(result.success, result.reward_components, result.domain, shaping) if result.ok else 0.0
+        truncated = result.truncated_by is not None
+        scored.append(ScoredEpisode(group_id, reward, status=result.status, truncated=truncated, data=result))
+    return scored
 
 
 class DynamicSampler:
