@@ -147,8 +147,8 @@ def setup(cfg: GRPOMasterConfig, train_rows: list[dict], val_rows: list[dict]) -
             resources,
             collector=collector,
         )
-        if latest is not None:
-            sync_weights(s)  # the generation backend must serve the resumed weights
+        if latest is not None:  # the generation backend must serve the resumed weights, labelled with their step
+            sync_policy_weights(policy, generation, cfg.checkpointing.checkpoint_dir, weight_version=start_step)
         return s
     except BaseException:
         resources.close()
@@ -232,16 +232,18 @@ def train(s: GRPOSetup, sequences: list[TrainingSequence]) -> dict[str, float]:
     return {f"train/{key}": value for key, value in metrics.items()}
 
 
-def sync_weights(s: GRPOSetup, weight_version: int | None = None) -> None:
-    """Load the trainer's weights (those after ``weight_version`` steps) into the generation backend in place.
+def sync_weights(s: GRPOSetup, weight_version: int) -> None:
+    """Load the trainer's weights (those after ``weight_version`` steps, the label each completion they generate
+    reports) into the generation backend in place.
 
-    Async: the collector first stops starting episodes and lets the running ones finish (no episode mixes two
-    weight versions: ``in_flight_weight_updates: false``), then generates with the new version."""
-    if s.collector is None or weight_version is None:
-        sync_policy_weights(s.policy, s.generation, s.cfg.checkpointing.checkpoint_dir)
-        return
-    with s.collector.paused(weight_version):
-        sync_policy_weights(s.policy, s.generation, s.cfg.checkpointing.checkpoint_dir)
+    Async: the collector stops starting episodes meanwhile; without in-flight updates it first lets the running
+    ones finish (no episode mixes two weight versions), with them they run on and their later turns use the new
+    weights (a turn never mixes: the servers finish the turns in progress first)."""
+    async_grpo = s.cfg.grpo.async_grpo
+    with s.collector.paused(weight_version) if s.collector is not None else nullcontext():
+        sync_policy_weights(
+            s.policy, s.generation, s.cfg.checkpointing.checkpoint_dir, weight_version, async_grpo.recompute_kv_cache()
+        )
 
 
 def validate(s: GRPOSetup, step: int) -> dict[str, float]:
