@@ -165,6 +165,7 @@ class AsyncCollector:
                 "train/dynamic_sampling/num_gen_batches": self._completed / self._per_step,
                 "train/dynamic_sampling/num_zero_variance_groups": self._counts.zero_variance_groups,
                 "train/dynamic_sampling/num_discarded_groups": 0,
+                "train/async/group_ids": [group.draw.draw_id for group in taken],  # metrics.jsonl only (not a scalar)
             }
             results, self._results, self._counts, self._completed = self._results, [], FilterCounts(), 0
             self._trainer_idle_s += time.monotonic() - started

@@ -218,13 +218,15 @@ def training_sequences(s: GRPOSetup, groups: list[EpisodeGroup]) -> tuple[list[T
     return sequences, metrics
 
 
-def train(s: GRPOSetup, sequences: list[TrainingSequence]) -> dict[str, float]:
-    """Attach the trainer's (and reference) logprobs, check them against the generator's (sync: the last weight
-    sync must be what generated these tokens; async: groups up to ``max_trajectory_age_steps`` old differ by that
-    staleness too, which the importance correction weighs), then one update on exactly the sampled tokens."""
+def train(s: GRPOSetup, sequences: list[TrainingSequence], step: int) -> dict[str, float]:
+    """Attach the trainer's (and reference) logprobs, check them against the generator's on the episodes its
+    current weights (those of ``step``) sampled (the last weight sync must be what generated them; async GRPO's
+    older turns differ by their staleness, which the importance correction weighs), then one update on exactly the
+    sampled tokens."""
     for sequence, logprobs in zip(sequences, s.policy.get_logprobs(sequences), strict=True):
         sequence.prev_logprobs = logprobs
-    agreement = {f"generation_agreement/{key}": value for key, value in generation_agreement(sequences).items()}
+    agreement = generation_agreement(sequences, weight_version=step)
+    agreement = {f"generation_agreement/{key}": value for key, value in agreement.items()}
     if s.policy.has_reference_model:
         for sequence, logprobs in zip(sequences, s.policy.get_reference_policy_logprobs(sequences), strict=True):
             sequence.reference_logprobs = logprobs
@@ -287,7 +289,7 @@ def grpo_train(s: GRPOSetup, on_step: Callable[[int, dict[str, float]], None] | 
                 groups, results, metrics = s.collector.take(step) if s.collector else generate(s, step)
             with _timed(timings, "train"):
                 sequences, advantage_metrics = training_sequences(s, groups)
-                metrics |= advantage_metrics | train(s, sequences)
+                metrics |= advantage_metrics | train(s, sequences, step)
             with _timed(timings, "weight_sync"):
                 sync_weights(s, weight_version=step + 1)
         metrics |= s.collector.step_metrics() if s.collector else {}
