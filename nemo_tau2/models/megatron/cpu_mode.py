@@ -16,6 +16,13 @@ modules listed in :data:`PATCHED_MODULES` for :class:`_TorchOnCpu`, a view of to
 - ``device='cuda'`` in ``torch.tensor`` / ``zeros`` / ``empty`` / ``ones`` becomes the CPU: the grad-norm and
   found-inf scalars of the optimizers and grad clipping.
 
+Three functions use tensor methods that assume CUDA: two optimizer functions accept fp32 parameters only if
+``tensor.type() == 'torch.cuda.FloatTensor'`` (``DistributedOptimizer._build_model_and_main_param_groups``,
+``clip_grad_by_total_norm_fp32``), and ``LanguageModule.setup_embeddings_and_output_layer`` moves the tied embedding
+to the GPU (``weight.data.cuda()``) before all-reducing it between the first and last pipeline stages. While they
+run (``_tensor_methods_on_cpu``), a CPU fp32 tensor reports the CUDA type name and ``Tensor.cuda()`` returns the
+tensor itself; outside those calls both methods are torch's own.
+
 The RNG helpers ``_get_cuda_rng_state`` / ``_set_cuda_rng_state`` of ``tensor_parallel.random`` go through
 ``torch.cuda.default_generators`` and ``_lazy_call``; they are replaced by the CPU generator's get/set.
 
@@ -23,6 +30,8 @@ Nothing in torch itself is patched (other code keeps seeing the real ``torch.cud
 nothing is patched at all: :func:`apply_cpu_mode` returns False and megatron-core runs as released.
 """
 
+import contextlib
+import functools
 import importlib
 import types
 from typing import Any
@@ -158,6 +167,31 @@ class _TorchOnCpu(types.ModuleType):
         return getattr(torch, name)
 
 
+@contextlib.contextmanager
+def _tensor_methods_on_cpu():
+    original_type, original_cuda = torch.Tensor.type, torch.Tensor.cuda
+
+    def cuda_name(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        name = original_type(tensor, *args, **kwargs)
+        return "torch.cuda.FloatTensor" if not args and not kwargs and name == "torch.FloatTensor" else name
+
+    torch.Tensor.type = cuda_name
+    torch.Tensor.cuda = lambda tensor, *args, **kwargs: tensor
+    try:
+        yield
+    finally:
+        torch.Tensor.type, torch.Tensor.cuda = original_type, original_cuda
+
+
+def _with_tensor_methods_on_cpu(function: Any) -> Any:
+    @functools.wraps(function)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        with _tensor_methods_on_cpu():
+            return function(*args, **kwargs)
+
+    return wrapped
+
+
 def apply_cpu_mode() -> bool:
     """Point megatron-core's CUDA-only spots at the CPU when CUDA is absent; True if it did (idempotent)."""
     global _applied
@@ -172,5 +206,15 @@ def apply_cpu_mode() -> bool:
     random = importlib.import_module("megatron.core.tensor_parallel.random")
     random._get_cuda_rng_state = lambda device="cuda", clone=False, graph_safe=False: torch.get_rng_state()
     random._set_cuda_rng_state = lambda new_state, device=-1, graph_safe=False: torch.set_rng_state(new_state)
+    clip_grads = importlib.import_module("megatron.core.optimizer.clip_grads")
+    optimizer = importlib.import_module("megatron.core.optimizer.optimizer")
+    optimizer.clip_grad_by_total_norm_fp32 = _with_tensor_methods_on_cpu(clip_grads.clip_grad_by_total_norm_fp32)
+    distributed = importlib.import_module("megatron.core.optimizer.distrib_optimizer").DistributedOptimizer
+    build = distributed.__dict__["_build_model_and_main_param_groups"].__func__  # a classmethod
+    distributed._build_model_and_main_param_groups = classmethod(_with_tensor_methods_on_cpu(build))
+    language = importlib.import_module("megatron.core.models.common.language_module.language_module").LanguageModule
+    language.setup_embeddings_and_output_layer = _with_tensor_methods_on_cpu(
+        language.setup_embeddings_and_output_layer
+    )
     _applied = True
     return True

@@ -12,13 +12,13 @@ import torch.multiprocessing as mp
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
 
-def tiny_hf_model(model_type: str, seed: int = 0):
+def tiny_hf_model(model_type: str, seed: int = 0, vocab_size: int = 96):
     """A 2-layer model with 4 query heads in 2 groups; Qwen3 tied with head_dim 24 (not hidden / heads), Llama untied.
 
     Norm weights are drawn away from 1 so that a norm mapped to the wrong place changes the logits.
     """
     common = dict(
-        vocab_size=96,
+        vocab_size=vocab_size,
         hidden_size=64,
         intermediate_size=96,
         num_hidden_layers=2,
