@@ -148,6 +148,16 @@ def training(tmp: Path, tp: int = 1, pp: int = 1, with_plain_reference: bool = F
     steps = [train_global_batch(stack, micro, loss_fn, valid_toks, valid_seqs, pad) for _ in range(TRAIN_STEPS)]
     result = {"losses": [s["loss"] for s in steps], "grad_norms": [s["grad_norm"] for s in steps],
               "logprobs": logprobs if dp_rank == 0 else None}  # fmt: skip
+    # the trained weights leave as an HF folder (rank 0 writes it): transformers' logits of it, and Megatron's own
+    exported = save_hf_folder(stack.model.module, stack.hf_config, tmp / "export")
+    ids, positions = _tokens()
+    ids = ids * 5  # spread over the 592-token vocabulary
+    if dp_size == dist.get_world_size():  # one whole model per rank: its own logits are comparable
+        result["megatron_logits"] = _megatron_logits(stack.model.module, ids, positions)
+    if exported is not None:
+        reloaded = AutoModelForCausalLM.from_pretrained(exported, dtype=torch.float32, attn_implementation="eager")
+        with torch.no_grad():
+            result["export_logits"] = reloaded(ids).logits
     destroy_megatron()
     if with_plain_reference:
         result["plain"] = _plain_reference(tmp, hf_model, tokenizer, sequences, loss_fn)

@@ -1,6 +1,7 @@
 """The Megatron backend's training step on CPU gloo: the same logprobs, losses and gradient norms as the torch Policy
 on the same tiny Qwen3 and episodes (clipped PG loss, global normalisers, AdamW, clipping at 1.0), and the same loss
-trajectory with the work split over 2 processes: DP=2 (Megatron DDP + distributed optimizer), TP=2, PP=2.
+trajectory and trained weights with the work split over 2 processes: DP=2 (Megatron DDP + distributed optimizer),
+TP=2, PP=2; the trained weights exported as an HF folder load in transformers with Megatron's logits.
 
 Each scenario is a fresh spawned process group (see ``scenarios``); 3 optimizer steps each.
 """
@@ -16,6 +17,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 LOGPROB_TOLERANCE = 1e-5  # fp32; Megatron's attention and HF's eager attention round differently (measured 3.3e-6)
+LOGITS_TOLERANCE = 1e-5  # fp32, absolute
 LOSS_TOLERANCE = 1e-5  # per step, on losses of order 0.3 (measured <= 1e-6)
 
 
@@ -42,3 +44,10 @@ def test_two_process_splits_give_the_single_process_trajectory(single, split, tm
     result = run_spawned(f"training_{split}", world_size=2, tmp=tmp_path)
     assert result["losses"] == pytest.approx(single["losses"], abs=LOSS_TOLERANCE)
     assert result["grad_norms"] == pytest.approx(single["grad_norms"], rel=1e-5)
+    # the trained weights exported from the split ranks (TP slices gathered, PP stages collected) = the 1-process ones
+    assert (result["export_logits"] - single["export_logits"]).abs().max().item() < LOGITS_TOLERANCE
+
+
+def test_the_trained_weights_export_to_transformers_with_equal_logits(single):
+    assert (single["export_logits"] - single["megatron_logits"]).abs().max().item() < LOGITS_TOLERANCE
+    assert single["export_logits"].abs().mean().item() > 0.1
