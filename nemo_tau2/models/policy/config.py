@@ -5,7 +5,8 @@ NeMo-RL keys kept with their meaning: ``model_name``, ``tokenizer.name``, ``trai
 ``make_sequence_length_divisible_by``, ``precision``, ``max_grad_norm``, ``optimizer`` {``name``, ``kwargs``},
 ``scheduler`` (a list of {``name``, ``kwargs``} with a final {``milestones``}) and ``generation`` (the rollout
 backend, see :mod:`nemo_tau2.generation.config`), ``dtensor_cfg`` (FSDP2 sharding, :class:`DTensorConfig`),
-``sequence_packing`` (:class:`SequencePackingConfig`) and ``logprob_chunk_size``. Our own keys, for what NeMo-RL
+``megatron_cfg`` (megatron-core with TP/PP, :mod:`.megatron_config`), ``sequence_packing``
+(:class:`SequencePackingConfig`) and ``logprob_chunk_size``. Our own keys, for what NeMo-RL
 derives from ``cluster``: ``device`` and ``num_workers`` (trainer ranks).
 """
 
@@ -16,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from nemo_tau2.generation.config import GenerationConfig
+from nemo_tau2.models.policy.megatron_config import MegatronConfig, check_megatron_architecture, check_megatron_policy
 
 
 class _Strict(BaseModel):
@@ -199,6 +201,7 @@ class PolicyConfig(_Strict):
         "(gloo on cpu, NCCL on cuda), replicas or FSDP2 shards (dtensor_cfg.enabled).",
     )
     dtensor_cfg: DTensorConfig = Field(default_factory=DTensorConfig)
+    megatron_cfg: MegatronConfig = Field(default_factory=MegatronConfig)
     sequence_packing: SequencePackingConfig = Field(default_factory=SequencePackingConfig)
     generation: GenerationConfig | None = Field(
         default=None, description="policy.generation: the rollout backend (not used by the trainer itself)."
@@ -237,6 +240,23 @@ class PolicyConfig(_Strict):
                 f"policy.train_global_batch_size ({self.train_global_batch_size})"
             )
         self.scheduler_parts()  # raises on a malformed list
+        check_megatron_policy(
+            self.megatron_cfg,
+            dtensor_enabled=self.dtensor_cfg.enabled,
+            device=self.device,
+            num_workers=self.num_workers,
+            packing=packing.enabled,
+            scheduler=self.scheduler,
+        )
+        if self.megatron_cfg.enabled:
+            from nemo_tau2.models.model_shape import find_model_config
+
+            try:
+                hf_config, _ = find_model_config(self.model_name)
+            except ValueError:
+                hf_config = None  # not built yet (tiny_policy): the Megatron worker checks it when it loads it
+            if hf_config is not None:
+                check_megatron_architecture(self.megatron_cfg, hf_config)
         return self
 
     @property

@@ -67,6 +67,11 @@ class Policy:
         seed: int = 0,
         ray_init_kwargs: dict[str, Any] | None = None,
     ) -> None:
+        if cfg.megatron_cfg.enabled:  # configured and validated, but no worker trains with it yet (issue 28)
+            raise ValueError(
+                "policy.megatron_cfg.enabled: the Policy has no Megatron worker yet (nemo_tau2/models/megatron holds "
+                "the model, weights and CPU mode); set it to false"
+            )
         self.cfg = cfg
         worker_kwargs = {"model": model, "tokenizer": tokenizer, "init_reference_model": init_reference_model}
         self.has_reference_model = init_reference_model

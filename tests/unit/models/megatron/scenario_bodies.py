@@ -1,0 +1,202 @@
+"""Scenario bodies run inside a spawned gloo process (see :mod:`scenarios`); each returns what its test asserts."""
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from transformers import AutoModelForCausalLM
+
+from nemo_tau2.models.megatron import conversion
+from nemo_tau2.models.megatron.hf_weights import full_hf_state, load_hf_state, read_hf_state, save_hf_folder
+from nemo_tau2.models.megatron.model import build_gpt_model, transformer_config
+from nemo_tau2.models.megatron.parallel import destroy_megatron, initialize_megatron
+from tests.unit.models.megatron.scenarios import tiny_hf_model
+
+
+def _tokens(batch: int = 2, length: int = 12) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.randint(0, 96, (batch, length), generator=torch.Generator().manual_seed(1))
+    return ids, torch.arange(length).expand(batch, length)
+
+
+@torch.no_grad()
+def _megatron_logits(model, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    return model(ids, positions, None)
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a - b).abs().max().item()
+
+
+def _build(hf_config, tp: int = 1):
+    return build_gpt_model(hf_config, transformer_config(hf_config, tensor_model_parallel_size=tp)).eval()
+
+
+def conversion_single(tmp: Path) -> dict:
+    initialize_megatron(1, 1, seed=0)
+    results = {}
+    ids, positions = _tokens()
+    for model_type in ("qwen3", "llama"):
+        hf_model, hf_config = tiny_hf_model(model_type)
+        hf_model.save_pretrained(tmp / model_type)
+        hf_state = read_hf_state(tmp / model_type)
+        with torch.no_grad():
+            expected = hf_model(ids).logits
+        model = _build(hf_config)
+        load_hf_state(model, hf_state, hf_config)
+        back = full_hf_state(model, hf_config)
+        results[model_type] = {
+            "round_trip_names_equal": sorted(back) == sorted(hf_state),
+            "round_trip_max_abs_diff": max(_max_diff(back[name], hf_state[name]) for name in hf_state),
+            "logits_max_abs_diff": _max_diff(_megatron_logits(model, ids, positions), expected),
+            "logits_scale": expected.abs().mean().item(),
+        }
+        exported = save_hf_folder(model, hf_config, tmp / f"{model_type}_export")
+        reloaded = AutoModelForCausalLM.from_pretrained(exported, dtype=torch.float32, attn_implementation="eager")
+        with torch.no_grad():
+            results[model_type]["export_reload_max_abs_diff"] = _max_diff(reloaded(ids).logits, expected)
+        results[model_type]["export_files"] = sorted(path.name for path in exported.iterdir())
+        if model_type == "qwen3":  # the plausible bug: q, k, v stacked as three blocks, not per query group
+            right = conversion.fuse_qkv
+            conversion.fuse_qkv = lambda q, k, v, config: torch.cat([q, k, v], dim=0)
+            try:
+                load_hf_state(model, hf_state, hf_config)
+            finally:
+                conversion.fuse_qkv = right
+            wrong = _megatron_logits(model, ids, positions)
+            results[model_type]["wrong_qkv_logits_max_abs_diff"] = _max_diff(wrong, expected)
+    destroy_megatron()
+    return results
+
+
+def conversion_tp2(tmp: Path) -> dict:
+    initialize_megatron(2, 1, seed=0)
+    hf_model, hf_config = tiny_hf_model("qwen3")
+    if dist.get_rank() == 0:
+        hf_model.save_pretrained(tmp / "hf")
+    dist.barrier()
+    hf_state = read_hf_state(tmp / "hf")
+    model = _build(hf_config, tp=2)
+    load_hf_state(model, hf_state, hf_config)
+    ids, positions = _tokens()
+    with torch.no_grad():
+        expected = hf_model(ids).logits
+    logits = _megatron_logits(model, ids, positions)
+    back = full_hf_state(model, hf_config)
+    destroy_megatron()
+    if back is None:
+        return {}
+    return {
+        "logits_max_abs_diff": _max_diff(logits, expected),
+        "export_max_abs_diff": max(_max_diff(back[name], hf_state[name]) for name in hf_state),
+    }
+
+
+def _training_config(model_dir: Path, tp: int, pp: int):
+    from nemo_tau2.models.policy import PolicyConfig
+
+    return PolicyConfig(
+        model_name=str(model_dir),
+        train_global_batch_size=4,
+        train_micro_batch_size=2,
+        max_total_sequence_length=64,
+        max_grad_norm=1.0,
+        num_workers=dist.get_world_size(),
+        megatron_cfg={
+            "enabled": True,
+            "tensor_model_parallel_size": tp,
+            "pipeline_model_parallel_size": pp,
+            "optimizer": {"lr": 1e-4, "min_lr": 0.0, "weight_decay": 0.0},
+        },  # fmt: skip
+    )
+
+
+TRAIN_STEPS = 3
+
+
+def training(tmp: Path, tp: int = 1, pp: int = 1, with_plain_reference: bool = False) -> dict:
+    """3 optimizer steps of the clipped PG loss on 4 episodes with the Megatron backend (and, on request, the same
+    with the torch Policy in this process, from the same weights)."""
+    from megatron.core import parallel_state
+
+    from nemo_tau2.algorithms.loss import ClippedPGLossConfig, ClippedPGLossFn
+    from nemo_tau2.generation.tiny_model import build_tiny_tokenizer
+    from nemo_tau2.models.megatron.training import build_stack, get_logprobs, train_global_batch
+    from nemo_tau2.models.policy.data import collate
+    from nemo_tau2.models.policy.lm_policy import global_normalisers
+    from tests.unit.models.policy.conftest import make_sequences
+
+    tokenizer = build_tiny_tokenizer()
+    hf_model, _ = tiny_hf_model("qwen3", vocab_size=-(-len(tokenizer) // 8) * 8)  # TP must split the vocabulary
+    if dist.get_rank() == 0:
+        hf_model.save_pretrained(tmp / "hf")
+        tokenizer.save_pretrained(tmp / "hf")
+    dist.barrier()
+    cfg = _training_config(tmp / "hf", tp, pp)
+    initialize_megatron(tp, pp, seed=0)
+    stack = build_stack(cfg, str(tmp / "hf"))
+    pad = tokenizer.pad_token_id
+    sequences = make_sequences(4)
+    dp_rank, dp_size = parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
+    mine = sequences[dp_rank::dp_size]
+    micro = [collate(mine[i : i + 2], pad) for i in range(0, len(mine), 2)]
+    logprobs = get_logprobs(stack, micro, pad)
+    for seq, prev in zip(mine, logprobs, strict=True):
+        seq.prev_logprobs = prev
+    micro = [collate(mine[i : i + 2], pad) for i in range(0, len(mine), 2)]
+    loss_fn = ClippedPGLossFn(ClippedPGLossConfig(reference_policy_kl_penalty=0.0))
+    valid_toks, valid_seqs = global_normalisers(sequences)
+    steps = [train_global_batch(stack, micro, loss_fn, valid_toks, valid_seqs, pad) for _ in range(TRAIN_STEPS)]
+    result = {"losses": [s["loss"] for s in steps], "grad_norms": [s["grad_norm"] for s in steps],
+              "logprobs": logprobs if dp_rank == 0 else None}  # fmt: skip
+    # the trained weights leave as an HF folder (rank 0 writes it): transformers' logits of it, and Megatron's own
+    exported = save_hf_folder(stack.model.module, stack.hf_config, tmp / "export")
+    ids, positions = _tokens()
+    ids = ids * 5  # spread over the 592-token vocabulary
+    if dp_size == dist.get_world_size():  # one whole model per rank: its own logits are comparable
+        result["megatron_logits"] = _megatron_logits(stack.model.module, ids, positions)
+    if exported is not None:
+        reloaded = AutoModelForCausalLM.from_pretrained(exported, dtype=torch.float32, attn_implementation="eager")
+        with torch.no_grad():
+            result["export_logits"] = reloaded(ids).logits
+    destroy_megatron()
+    if with_plain_reference:
+        result["plain"] = _plain_reference(tmp, hf_model, tokenizer, sequences, loss_fn)
+    return result
+
+
+def _plain_reference(tmp: Path, hf_model, tokenizer, sequences, loss_fn) -> dict:
+    from nemo_tau2.models.policy import Policy, PolicyConfig
+
+    cfg = PolicyConfig(
+        model_name=str(tmp / "hf"),
+        train_global_batch_size=4,
+        train_micro_batch_size=2,
+        max_total_sequence_length=64,
+        max_grad_norm=1.0,
+        optimizer={"name": "torch.optim.AdamW", "kwargs": {"lr": 1e-4, "weight_decay": 0.0}},
+    )
+    policy = Policy(cfg, model=hf_model, tokenizer=tokenizer)
+    for seq in sequences:
+        seq.prev_logprobs = None
+    logprobs = policy.get_logprobs(sequences)
+    for seq, prev in zip(sequences, logprobs, strict=True):
+        seq.prev_logprobs = prev
+    losses = [policy.train(sequences, loss_fn) for _ in range(TRAIN_STEPS)]
+    return {"losses": [m["loss"] for m in losses], "grad_norms": [m["grad_norm"] for m in losses],
+            "logprobs": logprobs}  # fmt: skip
+
+
+def training_single(tmp: Path) -> dict:
+    return training(tmp, with_plain_reference=True)
+
+
+def training_dp2(tmp: Path) -> dict:
+    return training(tmp)
+
+
+def training_tp2(tmp: Path) -> dict:
+    return training(tmp, tp=2)
+
+
+def training_pp2(tmp: Path) -> dict:
+    return training(tmp, pp=2)
