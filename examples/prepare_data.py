@@ -17,6 +17,7 @@ from pathlib import Path
 import nemo_tau2  # noqa: F401  (offline settings before tau2 loads)
 from nemo_tau2.tau2_env import domains
 from nemo_tau2.tau2_env.gym_rows import DEFAULT_AGENT_NAME, split_rows
+from nemo_tau2.tau2_release.client import Tau2WorkerError
 from nemo_tau2.tau2_release.config import release_from_overrides
 from nemo_tau2.tau2_release.rows import release_rows
 
@@ -38,7 +39,7 @@ def main() -> None:
             rows = split_rows(domain_names, args.split, args.agent_name, skipped=skipped)
         else:
             rows = release_rows(tau2, domain_names, args.split, agent_name=args.agent_name, what="--split")
-    except (domains.UnknownDomainError, domains.UnknownTaskError, ValueError, RuntimeError) as e:
+    except (domains.UnknownDomainError, domains.UnknownTaskError, ValueError, Tau2WorkerError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     for domain, task_id, reason in skipped:

@@ -29,6 +29,7 @@ from nemo_tau2.algorithms.sft_data import (
     select_rows,
 )
 from nemo_tau2.tau2_env import DOMAINS
+from nemo_tau2.tau2_release.client import Tau2WorkerError
 from nemo_tau2.tau2_release.config import release_from_overrides
 
 
@@ -124,7 +125,7 @@ def main(argv: list[str]) -> int:
             rows, report, min_reward=args.min_reward, max_per_task=args.max_per_task, domain_filter=args.domains,
             allow_test_split=args.allow_test_split, dedup=not args.keep_duplicates, tau2=args.tau2,
         )  # fmt: skip
-    except (SFTDataError, RuntimeError) as e:
+    except (SFTDataError, Tau2WorkerError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     args.output.parent.mkdir(parents=True, exist_ok=True)
