@@ -297,7 +297,9 @@ class Tau2ResourcesServer(FastMiddlewareMixin, SimpleResourcesServer):
         request_name, request_fingerprint = describe("/verify", raw), fingerprint("/verify", raw)
 
         def finish(score: dict[str, Any]) -> dict[str, Any]:
-            self._sessions.finish(session_id, request_name, request_fingerprint, score)
+            live = self._sessions.session(session_id)  # re-seeded while scored off the loop: the new one lives on
+            if live is None or live.episode is episode:
+                self._sessions.finish(session_id, request_name, request_fingerprint, score)
             return score
 
         try:

@@ -114,6 +114,26 @@ def test_a_verify_waiting_on_the_judge_holds_up_no_other_session_and_its_retry_i
     assert post_verify(retry, server_url, body).headers["X-Idempotent-Replay"] == "1"  # later: the kept verdict
 
 
+def test_a_session_seeded_again_while_its_verify_waits_on_the_judge_keeps_its_new_episode(
+    server_url, judge, nl_oracle
+):
+    session, body = play(server_url, NL_TASK, nl_oracle)
+    answered: list[requests.Response] = []
+    judge.hold()
+    verify = threading.Thread(target=lambda: answered.append(post_verify(session, server_url, body)))
+    try:
+        verify.start()
+        assert judge.holding.wait(WAIT_S), "the NL judge never received the /verify"
+        again = session.post(f"{server_url}/seed_session", json={"domain": "retail", "task_id": "0"}, timeout=WAIT_S)
+        assert again.status_code == 200, again.text
+    finally:
+        judge.release()
+        verify.join(WAIT_S)
+    assert answered and answered[0].status_code == 200 and answered[0].json()["reward"] == 1.0
+    tool = session.post(f"{server_url}/list_all_product_types", json={}, timeout=WAIT_S)
+    assert tool.status_code == 200, tool.text  # the verdict of the old episode did not end the new one
+
+
 def _server_workers() -> list[int]:
     """The resources server's tau2 workers: processes running the worker file below this test process but not its
     children (the package's own worker is a child; the server's run under the fork server and the server)."""
