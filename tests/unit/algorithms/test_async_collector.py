@@ -4,6 +4,7 @@ and user, and a simulated trainer (sleeps for its training, a timed no-op for it
 fall inside an episode."""
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -57,6 +58,7 @@ def _drive(
     state: dict | None = None,
     snapshot_at: int | None = None,
     in_flight: bool = False,
+    before_load: Callable[[], None] = lambda: None,
 ) -> Run:
     settings = GRPOSettings(
         num_prompts_per_step=PROMPTS_PER_STEP, num_generations_per_prompt=2, max_num_steps=steps,
@@ -81,6 +83,7 @@ def _drive(
             assert all(r.ok for r in results), [r.error for r in results]
             run.taken.append((step, collector.last_taken))
             time.sleep(train_s[step % len(train_s)] if isinstance(train_s, tuple) else train_s)  # the trainer trains
+            before_load()
             with collector.paused(step + 1):
                 started = time.monotonic()
                 time.sleep(0.02)  # the weights load
@@ -135,17 +138,24 @@ def test_in_flight_updates_reach_running_episodes_whose_turns_say_which_weights_
 ):
     """in_flight_weight_updates: weight loads no longer wait for running episodes; the turns after a load report the
     new version (read by the agent from the policy server's answers), so a group is as old as its oldest turn. One
-    policy turn of one episode is held for 1.2 s: its group finishes after the trainer has moved on past the bound
+    policy turn of one episode is held for 6 s: its group finishes after the trainer has moved on past the bound
     and is dropped, never trained; every group trained is within the bound."""
-    hold = FaultSpec(kind="timeout", key_pattern=r"\|create_task_1\|.*\|policy$", hold_s=1.2, count=1)
+    hold = FaultSpec(kind="timeout", key_pattern=r"\|create_task_1\|.*\|policy$", hold_s=6.0, count=1)
     environment.policy.engine.control(ControlRequest(faults=[hold]))
+    # the policy answers 300 ms after each request, and each load waits until an episode's second policy turn is
+    # in that wait, so loads land inside running episodes whatever the box's load (max age 2: at max age 1 the
+    # bound lets no group run during a load in the steady state, as the next step's groups need those weights)
+    environment.policy.engine.set_latency(300)
     try:
-        # training times vary, so that loads fall at different points of the episodes (~2 policy turns, 40 ms each)
-        run = _drive(environment, steps=8, train_s=(0.05, 0.12, 0.2), in_flight=True)
+        run = _drive(
+            environment, steps=8, train_s=0.05, max_age=2, in_flight=True,
+            before_load=_during_a_second_policy_turn(environment, set()),
+        )  # fmt: skip
     finally:
         environment.policy.engine.control(ControlRequest(clear_faults=True))
+        environment.policy.engine.set_latency(40)
     groups = [(step, group) for step, taken in run.taken for group in taken]
-    assert all(group.age_at(step) <= MAX_AGE for step, group in groups)  # the bound holds for what trains
+    assert all(group.age_at(step) <= 2 for step, group in groups)  # the bound holds for what trains
     assert sum(m["train/async/groups_dropped_for_age"] for m in run.metrics) >= 1  # the held group's
     spanning = [group for _, group in groups if len(set(group.turn_weight_versions)) > 1]
     assert spanning, [group.turn_weight_versions for _, group in groups]  # loads reached running episodes
@@ -159,6 +169,22 @@ def test_in_flight_updates_reach_running_episodes_whose_turns_say_which_weights_
         g for g in spanning if any(g.started_s < end and start < g.finished_s for start, end, _ in run.loads)
     ]
     assert overlapping  # loads happened while they ran, which the default mode never lets happen
+
+
+def _during_a_second_policy_turn(environment: Tau2Environment, seen: set[str]) -> Callable[[], None]:
+    """Wait (up to 3 s) until an episode's second policy turn has reached the policy (which answers 300 ms later,
+    reporting the weight version of that moment), its first one answered already."""
+
+    def wait() -> None:
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            second = {k for k, n in environment.policy.engine.stats().requests_by_key.items() if n == 2} - seen
+            if second:
+                seen.update(second)
+                return
+            time.sleep(0.01)
+
+    return wait
 
 
 def test_a_resumed_collector_regenerates_the_prompts_not_yet_trained_and_trains_none_twice(environment):
