@@ -10,6 +10,7 @@ import copy
 import importlib.util
 
 import pytest
+import ray
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -30,8 +31,9 @@ TRAIN_STEPS = 2
 NO_KL = ClippedPGLossFn(ClippedPGLossConfig(reference_policy_kl_penalty=0.0))
 
 
-def _config(megatron: bool) -> PolicyConfig:
+def _config(megatron: bool, num_workers: int = 1) -> PolicyConfig:
     fields = {
+        "num_workers": num_workers,
         "model_name": "tiny",
         "train_global_batch_size": 4,
         "train_micro_batch_size": 2,
@@ -64,12 +66,19 @@ def runs(tmp_path_factory) -> dict:
     tiny = build_tiny_model(seed=0)
     torch_run = Policy(_config(False), model=copy.deepcopy(tiny.model), tokenizer=tiny.tokenizer)
     plain = _exchange(torch_run, tmp_path_factory.mktemp("torch"))
-    with Policy(_config(True), model=copy.deepcopy(tiny.model), tokenizer=tiny.tokenizer,
-                init_reference_model=True) as policy:  # fmt: skip
-        megatron = _exchange(policy, tmp_path_factory.mktemp("megatron"))
-        with pytest.raises(ValueError, match="megatron_cfg.enabled: the Megatron backend has no checkpoints"):
-            policy.save_checkpoint(tmp_path_factory.mktemp("ckpt") / "step_1", {"step": 1})
-    return {"torch": plain, "megatron": megatron, "tokenizer": tiny.tokenizer}
+    ray.init(num_cpus=2, include_dashboard=False)  # one Ray for both Megatron Policies (each leaves it running)
+    try:
+        with Policy(_config(True), model=copy.deepcopy(tiny.model), tokenizer=tiny.tokenizer,
+                    init_reference_model=True) as policy:  # fmt: skip
+            megatron = _exchange(policy, tmp_path_factory.mktemp("megatron"))
+            with pytest.raises(ValueError, match="megatron_cfg.enabled: the Megatron backend has no checkpoints"):
+                policy.save_checkpoint(tmp_path_factory.mktemp("ckpt") / "step_1", {"step": 1})
+        # DP=2: 2 ranks, each its own plan; 5 sequences for logprobs leave one rank an empty (padding) micro-batch
+        with Policy(_config(True, num_workers=2), model=copy.deepcopy(tiny.model), tokenizer=tiny.tokenizer) as dp2:
+            data_parallel = _exchange(dp2, tmp_path_factory.mktemp("dp2"))
+    finally:
+        ray.shutdown()
+    return {"torch": plain, "megatron": megatron, "dp2": data_parallel, "tokenizer": tiny.tokenizer}
 
 
 def _max_diff(rows_a: list[list[float]], rows_b: list[list[float]]) -> float:
@@ -111,3 +120,13 @@ def test_exported_weights_load_in_transformers_with_the_trained_logits(runs):
         got, want = reloaded(ids).logits, expected(ids).logits
     assert (got - want).abs().max().item() < LOGITS_TOLERANCE
     assert runs["tokenizer"].get_vocab() == type(runs["tokenizer"]).from_pretrained(megatron["export"]).get_vocab()
+
+
+def test_two_data_parallel_ranks_give_the_single_rank_logprobs_and_trajectory(runs):
+    dp2, single = runs["dp2"], runs["megatron"]
+    assert _max_diff(dp2["logprobs"], single["logprobs"]) < LOGPROB_TOLERANCE
+    assert _max_diff(dp2["after"], single["after"]) < LOGPROB_TOLERANCE
+    for got, expected in zip(dp2["metrics"], single["metrics"], strict=True):
+        assert got["loss"] == pytest.approx(expected["loss"], abs=LOSS_TOLERANCE)
+        assert got["num_valid_tokens"] == expected["num_valid_tokens"]  # each rank's metrics counted once
+        assert got["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-5)
