@@ -6,6 +6,7 @@ with the learning rate at zero does not; the log-probability margin of the right
 read of the same change.
 """
 
+import importlib.util
 import json
 import os
 import re
@@ -130,6 +131,28 @@ def test_grpo_with_fsdp2_on_two_ranks_raises_the_mean_reward(tiny_policy, tmp_pa
     )  # fmt: skip
     assert sharded["after"] > sharded["before"] + 0.15, sharded
     assert sharded["margin"] > margin_before + 1.5, (margin_before, sharded)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="needs the megatron extra")
+def test_grpo_with_the_megatron_backend_serves_the_trained_weights(tiny_policy, tmp_path):
+    """2 steps with ``policy.megatron_cfg.enabled`` (one Ray actor rank, megatron-core in CPU mode on gloo): after
+    each step the hf engine gets the Megatron weights exported in HF layout, so what it samples at step 2 has the
+    trainer's logprobs (measured max |diff| 1.5e-6; one unsynced step moves them by far more than 1e-4)."""
+    cfg = _config(tmp_path, tiny_policy, "grpo.max_num_steps=2", "checkpointing.enabled=false",
+                  "policy.megatron_cfg.enabled=true")  # fmt: skip
+    train_rows, val_rows = grpo.load_rows(cfg)
+    s = grpo.setup(cfg, train_rows, val_rows)
+    try:
+        history = grpo.grpo_train(s)
+    finally:
+        s.close()
+    assert [step["train/num_optimizer_steps"] for step in history] == [1.0, 1.0]
+    assert history[0]["train/grad_norm"] > 0  # the first step moved the weights the second step samples with
+    for step in history:
+        assert step["train/rollout/num_infrastructure_errors"] == 0
+        assert step["train/generation_agreement/num_tokens"] > 0
+        assert step["train/generation_agreement/max_abs_logprob_diff"] < 1e-4, step
+        assert step["train/generation_agreement/token_mult_prob_error"] < 1.0001, step
 
 
 def test_async_grpo_with_max_age_1_raises_the_mean_reward(tiny_policy, tmp_path):
