@@ -224,18 +224,11 @@ def train_global_batch(
     def loss_of(batch: TrainingBatch, logits: torch.Tensor) -> tuple:
         loss, metrics = loss_fn(
             curr_logprobs=token_logprobs(logits, batch.input_ids),
-            prev_logprobs=batch.prev_logprobs,
-            generation_logprobs=batch.generation_logprobs,
-            advantages=batch.advantages,
-            token_mask=batch.token_mask,
-            sample_mask=batch.sample_mask,
-            reference_logprobs=batch.reference_logprobs,
+            **batch.loss_inputs(),
             global_valid_tokens=global_valid_toks,
             global_valid_seqs=global_valid_seqs,
         )
-        mask = batch.token_mask * batch.sample_mask[:, None]
-        entropy = next_token_entropy(logits.detach())
-        metrics["entropy"] = ((entropy * mask).sum() / mask.sum().clamp(min=1)).item()
+        metrics["entropy"] = batch.mean_over_loss_tokens(next_token_entropy(logits.detach()))
         return loss, torch.tensor(1), {"loss": loss.detach(), "metrics": metrics}
 
     outputs = _run_schedule(stack, padded, loss_of, forward_only=False)

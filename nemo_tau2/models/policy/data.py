@@ -169,6 +169,23 @@ class TrainingBatch:
     lengths: list[int] = field(default_factory=list)
     packed: PackedRow | None = None
 
+    def loss_inputs(self) -> dict[str, torch.Tensor | None]:
+        """What a :class:`~.interfaces.LossFunction` reads of this batch, besides ``curr_logprobs`` and the global
+        normalisers (one place, for every backend that calls a loss)."""
+        return {
+            "prev_logprobs": self.prev_logprobs,
+            "generation_logprobs": self.generation_logprobs,
+            "advantages": self.advantages,
+            "token_mask": self.token_mask,
+            "sample_mask": self.sample_mask,
+            "reference_logprobs": self.reference_logprobs,
+        }
+
+    def mean_over_loss_tokens(self, values: torch.Tensor) -> float:
+        """The mean of ``[B, T]`` ``values`` over the tokens that carry loss (policy tokens of kept episodes)."""
+        mask = self.token_mask * self.sample_mask[:, None]
+        return ((values * mask).sum() / mask.sum().clamp(min=1)).item()
+
     def to(self, device: torch.device | str) -> "TrainingBatch":
         moved = {
             name: value.to(device) if isinstance(value, torch.Tensor | PackedRow) else value
