@@ -19,6 +19,7 @@ from nemo_tau2.generation.tiny_model import TinyModel, build_tiny_model, teach_r
 from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec
 from nemo_tau2.gym.episode_config import NemoGymEnvConfig
 from nemo_tau2.models.policy.data import sequence_from_message_log
+from tests.forward_logprobs import forward_logprobs
 
 NEW_VERSION = 7  # a trainer step's label, not a count of loads
 
@@ -29,14 +30,6 @@ def _talking_policy(seed: int) -> TinyModel:
     tiny = build_tiny_model(seed=seed)
     teach_reply(tiny, [{"role": "user", "content": "Hi! I need help."}], "I can help with that.", steps=80)
     return tiny
-
-
-def _logprobs(model, context: list[int], generated: list[int]) -> torch.Tensor:
-    ids = torch.tensor([context + generated])
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0].float()
-    logprobs = torch.log_softmax(logits[len(context) - 1 : -1], dim=-1)
-    return logprobs.gather(1, torch.tensor(generated)[:, None])[:, 0]
 
 
 def test_turns_after_an_in_flight_update_report_its_label_and_carry_the_new_weights_logprobs():
@@ -80,10 +73,10 @@ def test_turns_after_an_in_flight_update_report_its_label_and_carry_the_new_weig
         if message["role"] == "assistant":
             weights = {0: old.model, NEW_VERSION: new.model}[message["weight_version"]]
             context = sequence.token_ids[:position]
-            expected = _logprobs(weights, context, ids)
+            expected = forward_logprobs(weights, context, ids)
             reported = torch.tensor(message["generation_logprobs"])
             assert torch.allclose(reported, expected, atol=1e-4), (message["weight_version"], reported - expected)
-            other = _logprobs(new.model if weights is old.model else old.model, context, ids)
+            other = forward_logprobs(new.model if weights is old.model else old.model, context, ids)
             assert not torch.allclose(reported, other, atol=1e-2)  # the two weights do differ on these tokens
             # what the loss gets as the generator's logprobs at these positions: this turn's own
             assert sequence.generation_logprobs[position : position + len(ids)] == message["generation_logprobs"]

@@ -12,6 +12,7 @@ import torch
 from nemo_tau2.generation import GenerationStartupError, start_generation
 from nemo_tau2.generation.surface_check import ToolCallProbe, call_json, check_surface
 from nemo_tau2.generation.tiny_model import WEATHER_TOOL, build_tiny_model
+from tests.forward_logprobs import forward_logprobs
 
 from .conftest import TOOL_PROMPT, TOOL_REPLY, hf_config
 
@@ -24,15 +25,6 @@ def _chat(handle, messages, **fields):
     status, response = call_json("POST", f"{handle.base_urls[0]}/chat/completions", body)
     assert status == 200, response
     return response
-
-
-def _forward_logprobs(model, prompt_ids: list[int], generated_ids: list[int]) -> torch.Tensor:
-    """Log-probability of each generated token under one plain forward pass over prompt + generation."""
-    ids = torch.tensor([prompt_ids + generated_ids])
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0].float()
-    logprobs = torch.log_softmax(logits[len(prompt_ids) - 1 : -1], dim=-1)
-    return logprobs.gather(1, torch.tensor(generated_ids)[:, None])[:, 0]
 
 
 def _reported(response, weight_version: int = 0) -> tuple[list[int], list[int], torch.Tensor]:
@@ -81,15 +73,15 @@ def test_logprobs_match_a_forward_pass_before_and_after_an_in_place_update(taugh
                 return [_reported(job.result(), weight_version) for job in jobs]
 
         for prompt_ids, generated, reported in sample_all(seed=10, weight_version=0):
-            expected = _forward_logprobs(untrained, prompt_ids, generated)
+            expected = forward_logprobs(untrained, prompt_ids, generated)
             assert torch.allclose(reported, expected, atol=1e-4), (reported - expected).abs().max()
         assert handle.engine.largest_batch >= 2
 
         assert handle.update_weights(taught_tiny.model.state_dict(), weight_version=3) == 3  # a trainer step
         for prompt_ids, generated, reported in sample_all(seed=20, weight_version=3):
-            expected = _forward_logprobs(taught_tiny.model, prompt_ids, generated)
+            expected = forward_logprobs(taught_tiny.model, prompt_ids, generated)
             assert torch.allclose(reported, expected, atol=1e-4), (reported - expected).abs().max()
-            stale = _forward_logprobs(untrained, prompt_ids, generated)
+            stale = forward_logprobs(untrained, prompt_ids, generated)
             assert not torch.allclose(reported, stale, atol=1e-2)  # the served weights did change
 
 
@@ -171,7 +163,7 @@ def test_an_update_waits_for_completions_in_flight_which_keep_one_weight_version
             assert handle.update_weights(taught_tiny.model.state_dict()) == 1
             prompt_ids, generated, reported = _reported(job.result(), weight_version=0)  # says so, too
         assert len(generated) == 200  # long enough to be in flight during the update
-        expected = _forward_logprobs(untrained, prompt_ids, generated)
+        expected = forward_logprobs(untrained, prompt_ids, generated)
         assert torch.allclose(reported, expected, atol=1e-4)  # all of it from the weights it started with
         tool_reply = _chat(handle, TOOL_PROMPT, tools=[WEATHER_TOOL], temperature=0.0, max_tokens=64)
         _, after, _ = _reported(tool_reply, weight_version=1)
