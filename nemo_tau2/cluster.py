@@ -5,7 +5,9 @@ the run (a single box is a one-node cluster) and stops it afterwards; ``auto`` o
 ``ray start --head`` prints) connects to a running cluster and leaves it running. ``gym_placement`` says where the
 Gym servers run: ``local`` forks them on this machine (one of each), ``ray`` places them on the cluster's nodes as
 Ray actors (:mod:`nemo_tau2.gym.ray_servers`), ``env.nemo_gym.{agent,resources}_replicas`` of them, on the nodes
-that offer ``gym_node_resource``.
+that offer ``gym_node_resource``. ``generation_placement`` says the same of the policy's generation replicas:
+``local`` starts them on this machine, ``ray`` places each on a node offering a GPU (vLLM on CUDA) and
+``generation_node_resource`` (:mod:`nemo_tau2.generation.ray_replicas`).
 """
 
 import logging
@@ -48,6 +50,30 @@ class ClusterConfig(BaseModel):
         "(ray start --resources='{\"gym_cpu\": 64}' on CPU nodes keeps them off the GPU nodes); null: any node.",
     )
 
+    generation_placement: Literal["local", "ray"] = Field(
+        default="local",
+        description="local: the policy's generation replicas run on this machine; ray: each is a Ray-placed process "
+        "on a node with room for it (its GPUs; cluster.generation_node_resource), reporting its URL back.",
+    )
+    generation_node_resource: str | None = Field(
+        default=None,
+        description="generation_placement=ray: the custom Ray resource that marks the nodes generation replicas may "
+        "run on (ray start --resources='{\"generation\": 8}'); null: any node with the replica's GPUs.",
+    )
+    generation_replicas: int | None = Field(
+        default=None,
+        ge=1,
+        description="generation_placement=ray, backends other than vllm (hf, llamacpp): how many replicas; null: 1. "
+        "vLLM's count is policy.generation.vllm_cfg.data_parallel_size.",
+    )
+    generation_replica_restarts: int = Field(
+        default=0,
+        ge=0,
+        description="generation_placement=ray: how many times a lost replica (its server died, its node left) is "
+        "restarted on its bundle, same URL, latest weights; once used up (0: at once) a lost replica is dropped and "
+        "the run goes on with the others.",
+    )
+
     @field_validator("ray_address")
     @classmethod
     def _address(cls, value: str | None) -> str | None:
@@ -58,13 +84,14 @@ class ClusterConfig(BaseModel):
             )
         return value
 
-    @field_validator("gym_node_resource")
+    @field_validator("gym_node_resource", "generation_node_resource")
     @classmethod
-    def _resource_name(cls, value: str | None) -> str | None:
+    def _resource_name(cls, value: str | None, info: Any) -> str | None:
         if value is not None and (value in ("CPU", "GPU", "memory") or not re.fullmatch(r"[A-Za-z_][\w.\-]*", value)):
+            example = "gym_cpu" if info.field_name == "gym_node_resource" else "generation"
             raise ValueError(
-                f"{value!r} cannot mark Gym nodes; set cluster.gym_node_resource to a custom resource name such as "
-                "gym_cpu (ray start --resources='{\"gym_cpu\": 64}'), or null"
+                f"{value!r} cannot mark nodes; set cluster.{info.field_name} to a custom resource name such as "
+                f"{example} (ray start --resources='{{\"{example}\": 64}}'), or null"
             )
         return value
 

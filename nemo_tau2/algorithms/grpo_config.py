@@ -146,6 +146,8 @@ class GRPOMasterConfig(_Strict):
         gym = self.env.nemo_gym
         if gym.agent_replicas * gym.resources_replicas > 1 and self.cluster.gym_placement != "ray":
             problems.append(CLUSTER_FOR_REPLICAS)
+        if self.policy.generation is not None:
+            problems += self.policy.generation.ray_placement_problems(self.cluster)
         shaping = self.grpo.reward_shaping
         if shaping.enabled and self.data.domains:
             missing = [d for d in self.data.domains if d not in shaping.domain_scale]

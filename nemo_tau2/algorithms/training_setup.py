@@ -104,11 +104,17 @@ def open_cluster(cfg: Any, resources: ExitStack) -> None:
     A run that uses no Ray starts none.
     """
     cluster, gym = cfg.cluster, cfg.env.nemo_gym
-    if cluster.ray_address is None and cluster.gym_placement == "local" and cfg.policy.num_workers == 1:
+    on_ray = cluster.gym_placement == "ray" or cluster.generation_placement == "ray"
+    if cluster.ray_address is None and not on_ray and cfg.policy.num_workers == 1:
         return
     gym_bundles = gym.agent_replicas + gym.resources_replicas if cluster.gym_placement == "ray" else 0
+    generation_bundles = 0
+    if cluster.generation_placement == "ray":
+        from nemo_tau2.generation.ray_replicas import replica_count
+
+        generation_bundles = replica_count(cfg.policy.generation, cluster)
     trainer_cpus = cfg.policy.num_workers if cfg.policy.num_workers > 1 else 0
-    num_cpus = max(os.cpu_count() or 1, trainer_cpus + gym_bundles)
+    num_cpus = max(os.cpu_count() or 1, trainer_cpus + gym_bundles + generation_bundles)
     resources.enter_context(ray_connection(cluster, num_cpus=num_cpus))
 
 
@@ -120,7 +126,7 @@ def start_rollout_stack(
     Both are closed by ``resources``. Reads ``policy.generation``, ``user``, ``env.nemo_gym``, ``cluster`` (where the
     Gym servers run) and ``logger.log_dir``.
     """
-    generation = resources.enter_context(start_generation(cfg.policy.generation))
+    generation = resources.enter_context(start_generation(cfg.policy.generation, cluster=cfg.cluster))
     spec = Tau2EnvironmentSpec(
         policy=generation,
         user=cfg.user,

@@ -122,6 +122,7 @@ class EvalMasterConfig(_Strict):
             gym = self.gym_env()
             if gym.agent_replicas * gym.resources_replicas > 1 and self.cluster.gym_placement != "ray":
                 problems.append(CLUSTER_FOR_REPLICAS)
+            problems += self.policy.generation.ray_placement_problems(self.cluster)
             for key in ("prompt_key", "answer_key"):
                 if key in self.data.model_fields_set:
                     problems.append(f"data.{key} applies only to rollout_mode=single_turn; remove it")

@@ -190,6 +190,26 @@ class GenerationConfig(_Strict):
             raise ValueError("backend 'openai' needs an openai_cfg block with base_url and model")
         return self
 
+    def ray_placement_problems(self, cluster: Any) -> list[str]:
+        """What keeps this block from running as Ray-placed replicas under ``cluster`` (a ``ClusterConfig``), each
+        with its fix; empty when ``cluster.generation_placement`` is local or nothing does."""
+        if cluster.generation_placement != "ray":
+            if cluster.generation_replicas is None:
+                return []
+            return ["cluster.generation_replicas applies to Ray-placed replicas: set cluster.generation_placement=ray"]
+        problems = []
+        if self.backend == "openai":
+            problems.append(
+                "cluster.generation_placement=ray places servers we start, and backend 'openai' starts none: set "
+                "cluster.generation_placement=local"
+            )
+        if self.backend == "vllm" and cluster.generation_replicas is not None:
+            problems.append(
+                "cluster.generation_replicas is for backends without their own replica count: for vllm set "
+                "policy.generation.vllm_cfg.data_parallel_size instead"
+            )
+        return problems
+
     @property
     def backend_block(self) -> VllmConfig | HfConfig | LlamacppConfig | OpenAIConfig:
         """The settings block of the selected backend, with defaults where the YAML has none."""

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 from typing import Any
 
+from nemo_tau2.cluster import ClusterConfig
 from nemo_tau2.generation.config import GenerationConfig, HfConfig, LlamacppConfig, OpenAIConfig
 from nemo_tau2.generation.errors import GenerationStartupError
 from nemo_tau2.generation.prefix_cache import PrefixCacheCounters, read_prefix_cache_counters
@@ -45,6 +46,7 @@ class GenerationHandle:
         load_state_dict: Callable[[Mapping[str, Any] | WeightStream, int | None, bool], int] | None = None,
         load_checkpoint: Callable[[str, int | None, bool], int] | None = None,
         engine: Any = None,
+        replicas: Any = None,
     ) -> None:
         self.backend = backend
         self.base_urls = base_urls
@@ -52,6 +54,8 @@ class GenerationHandle:
         self.api_key = api_key
         self.engine = engine
         """The in-process engine (hf with ``in_process``), else None."""
+        self.replicas = replicas
+        """The Ray-placed replicas (:class:`~nemo_tau2.generation.ray_replicas.RayGeneration`), else None."""
         self._stop = stop
         self._load_state_dict = load_state_dict
         self._load_checkpoint = load_checkpoint
@@ -312,7 +316,9 @@ def _start_plugin(cfg: GenerationConfig) -> GenerationHandle:
     return found[0].load()(cfg)
 
 
-def start_generation(cfg: GenerationConfig, *, model: Any = None, tokenizer: Any = None) -> GenerationHandle:
+def start_generation(
+    cfg: GenerationConfig, *, model: Any = None, tokenizer: Any = None, cluster: ClusterConfig | None = None
+) -> GenerationHandle:
     """Start (or connect to) the backend named by ``cfg.backend`` and wait until it serves.
 
     Args:
@@ -320,6 +326,8 @@ def start_generation(cfg: GenerationConfig, *, model: Any = None, tokenizer: Any
         model: hf in-process only: serve this ``PreTrainedModel`` object (e.g. a copy of the model being trained)
             instead of loading ``cfg.model_name``; ``cfg.model_name`` is then only the served name.
         tokenizer: The tokenizer (with a chat template) that goes with ``model``.
+        cluster: Where the replicas run: with ``generation_placement: ray`` they are Ray-placed processes on the
+            cluster's nodes (:mod:`nemo_tau2.generation.ray_replicas`); else, or None, on this machine.
 
     Raises:
         GenerationStartupError: A dependency or file is missing, a configured port is busy, or a server died or
@@ -327,6 +335,12 @@ def start_generation(cfg: GenerationConfig, *, model: Any = None, tokenizer: Any
     """
     if model is not None and cfg.backend != "hf":
         raise ValueError(f"start_generation: a model object can only be served by backend 'hf', not {cfg.backend!r}")
+    if cluster is not None and cluster.generation_placement == "ray":
+        if model is not None:
+            raise ValueError("start_generation: a model object cannot be served by Ray-placed replicas")
+        from nemo_tau2.generation.ray_replicas import start_ray_generation
+
+        return start_ray_generation(cfg, cluster)
     match cfg.backend:
         case "hf":
             return _start_hf(cfg, model, tokenizer)

@@ -99,7 +99,7 @@ class Tau2Environment:
             if isinstance(self.spec.policy, GenerationHandle):
                 self.policy = self.spec.policy  # owned by the caller
             else:
-                self.policy = self._stack.enter_context(start_generation(self.spec.policy))
+                self.policy = self._stack.enter_context(start_generation(self.spec.policy, cluster=self.spec.cluster))
             if self.spec.user_on_policy_endpoint:
                 self.user = self.policy
             else:

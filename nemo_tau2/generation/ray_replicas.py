@@ -1,0 +1,306 @@
+"""Generation replicas as Ray-placed processes (``cluster.generation_placement: ray``).
+
+Placement is Ray's. The replicas are one placement group, a bundle per replica, strategy ``SPREAD`` (a node lost
+takes as few replicas with it as the cluster allows): ``{"GPU": tensor_parallel_size, "CPU": 1}`` for vLLM on
+CUDA (Ray then sets the replica's ``CUDA_VISIBLE_DEVICES``), ``{"CPU": 1}`` otherwise, plus one unit of
+``cluster.generation_node_resource`` when set, so that only the nodes offering it can hold one. Each bundle holds
+one :class:`GenerationReplica` actor, which starts one replica of ``policy.generation`` on its node through the same
+:func:`~nemo_tau2.generation.launch.start_generation` every local run uses, bound to the node's address, and
+reports its URL back: the head's :class:`GenerationHandle` lists every replica's URL, as a local run's does.
+
+Weights: ``update_weights(checkpoint_dir=...)`` reaches every replica on every node. Each replica reloads the folder
+the trainer wrote, so that folder (under ``checkpointing.checkpoint_dir``) must be on a filesystem every generation
+node mounts; a replica that cannot see it refuses the update naming its node, before any replica loads anything.
+
+Faults: a watcher thread asks each replica for its health every ``HEALTH_INTERVAL_S``. A replica whose server died,
+or whose actor or node is gone, is restarted on its bundle (same port, the latest weights loaded) while
+``cluster.generation_replica_restarts`` allows, else dropped: its URL leaves ``base_urls`` (weight updates skip it)
+and the Gym model servers' routers send its sessions elsewhere once it stops answering (the agent retries the turn).
+
+Lifetimes: a replica's processes die with its actor (``PR_SET_PDEATHSIG``, as every server we start), and Ray ends
+the actors of a driver that exits, so a head process that ends, however, leaves no server holding a port or a GPU.
+"""
+
+import contextlib
+import logging
+import os
+import threading
+import urllib.request
+from contextlib import ExitStack
+from typing import Any
+
+from nemo_tau2.cluster import ClusterConfig, import_ray, ray_connection
+from nemo_tau2.generation.config import GenerationConfig
+from nemo_tau2.generation.errors import GenerationStartupError
+from nemo_tau2.generation.launch import LOCAL_API_KEY, GenerationHandle, start_generation
+
+logger = logging.getLogger(__name__)
+
+HEALTH_INTERVAL_S = 2.0
+_HOST_BLOCKS = {"vllm": "vllm_cfg", "hf": "hf_cfg", "llamacpp": "llamacpp_cfg"}
+_PORT_KEYS = {"vllm_cfg": "base_port", "hf_cfg": "port", "llamacpp_cfg": "port", "fake_cfg": "port"}
+
+
+def replica_count(cfg: GenerationConfig, cluster: ClusterConfig) -> int:
+    """How many replicas: ``vllm_cfg.data_parallel_size`` for vLLM, else ``cluster.generation_replicas`` (or 1)."""
+    if cfg.backend == "vllm":
+        return cfg.vllm_cfg.data_parallel_size if cfg.vllm_cfg else 1
+    return cluster.generation_replicas or 1
+
+
+def replica_bundle(cfg: GenerationConfig, cluster: ClusterConfig) -> dict[str, float]:
+    """The resources one replica reserves (see the module docstring)."""
+    bundle: dict[str, float] = {"CPU": 1}
+    block = cfg.backend_block if cfg.backend in ("vllm", "hf") else None
+    if cfg.backend == "vllm" and block.device == "cuda":
+        bundle["GPU"] = block.tensor_parallel_size
+    elif cfg.backend == "hf" and block.device.startswith("cuda"):
+        bundle["GPU"] = 1
+    if cluster.generation_node_resource:
+        bundle[cluster.generation_node_resource] = 1
+    return bundle
+
+
+def replica_config(cfg: GenerationConfig, index: int, host: str, port: int | None = None) -> GenerationConfig:
+    """``cfg`` as one replica on a node: one server (vLLM: data-parallel size 1), bound to ``host``; ``port`` (a
+    restart keeps its URL), else the configured port + ``index``, else a free one."""
+    data = cfg.model_dump(exclude_unset=True)
+    block = "fake_cfg" if cfg.backend == "fake" else _HOST_BLOCKS[cfg.backend]
+    settings = dict(data.get(block) or {})
+    settings["host"] = host
+    configured = settings.get(_PORT_KEYS[block])
+    if port is not None:
+        settings[_PORT_KEYS[block]] = port
+    elif configured:
+        settings[_PORT_KEYS[block]] = configured + index
+    if block == "vllm_cfg":
+        settings["data_parallel_size"] = 1
+    return GenerationConfig.model_validate(data | {block: settings})
+
+
+class GenerationReplica:
+    """On one node (a Ray actor): one replica of ``policy.generation``, started through ``start_generation``."""
+
+    def __init__(self, cfg_data: dict[str, Any], index: int, port: int | None) -> None:
+        ray = import_ray()
+        self.node_id = ray.get_runtime_context().get_node_id()
+        self.ip = ray.util.get_node_ip_address()
+        cfg = GenerationConfig.model_validate(cfg_data)
+        self.handle = start_generation(replica_config(cfg, index, self.ip, port))
+        (self.base_url,) = self.handle.base_urls
+
+    def where(self) -> dict[str, Any]:
+        return {"node_id": self.node_id, "ip": self.ip, "base_url": self.base_url, "pid": os.getpid()}
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.base_url.removesuffix("/v1") + "/health", timeout=5) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def can_read(self, checkpoint_dir: str) -> bool:
+        return os.path.isdir(checkpoint_dir)
+
+    def update_weights(self, checkpoint_dir: str, weight_version: int | None, recompute_kv_cache: bool) -> int:
+        return self.handle.update_weights(
+            checkpoint_dir=checkpoint_dir, weight_version=weight_version, recompute_kv_cache=recompute_kv_cache
+        )
+
+    def stop(self) -> None:
+        self.handle.shutdown()
+
+
+class RayGeneration:
+    """The head's side: the placement group, one actor per replica, the watcher, weight updates to all of them."""
+
+    def __init__(self, cfg: GenerationConfig, cluster: ClusterConfig) -> None:
+        problems = cfg.ray_placement_problems(cluster)
+        if problems:
+            raise GenerationStartupError("; ".join(problems))
+        data = cfg.model_dump(exclude_unset=True)
+        if cfg.model_name and os.path.isdir(cfg.model_name):  # a replica's working directory is not ours
+            data["model_name"] = os.path.abspath(cfg.model_name)
+        self.cfg, self.cluster, self._data = cfg, cluster, data
+        self.count = replica_count(cfg, cluster)
+        self.bundle = replica_bundle(cfg, cluster)
+        self.base_urls: list[str] = []  # shared with the handle: a dropped replica leaves it
+        self.replicas: list[dict[str, Any] | None] = []  # index -> actor, node, URL, restarts (None: dropped)
+        self.lost: list[dict[str, Any]] = []
+        self._lock = threading.RLock()  # one of: a weight update, a restart
+        self._last_update: tuple[str, int | None] | None = None
+        self._stopping = threading.Event()
+        self._ray_stack = ExitStack()
+        self._group: Any = None
+        self._watcher: threading.Thread | None = None
+
+    def start(self) -> "RayGeneration":
+        ray = self._ray = self._ray_stack.enter_context(ray_connection(self.cluster))
+        try:
+            self._check_room()
+            self._group = ray.util.placement_group([self.bundle] * self.count, strategy="SPREAD", name="generation")
+            timeout = self._startup_timeout_s()
+            try:
+                ray.get(self._group.ready(), timeout=timeout)
+            except ray.exceptions.GetTimeoutError:
+                raise GenerationStartupError(
+                    f"the Ray cluster has no room for {self.count} generation replicas of {self.bundle} after "
+                    f"{timeout:g} s; free GPUs, add nodes offering cluster.generation_node_resource, or lower the "
+                    "replica count"
+                ) from None
+            actors = [self._actor(index, port=None) for index in range(self.count)]
+            reports = self._reports(actors, timeout)
+            for index, (actor, report) in enumerate(zip(actors, reports, strict=True)):
+                self.replicas.append({"actor": actor, "restarts": 0} | report)
+                self.base_urls.append(report["base_url"])
+                node, url = report["node_id"][:12], report["base_url"]
+                logger.info("generation replica %d on node %s at %s", index, node, url)
+        except BaseException:
+            self.stop()
+            raise
+        self._watcher = threading.Thread(target=self._watch, name="nemo-tau2-generation-watch", daemon=True)
+        self._watcher.start()
+        return self
+
+    def _startup_timeout_s(self) -> float:
+        block = self.cfg.backend_block if self.cfg.backend in _HOST_BLOCKS else None
+        return float(getattr(block, "startup_timeout_s", 300.0))
+
+    def _check_room(self) -> None:
+        total = self._ray.cluster_resources()
+        short = {k: v * self.count for k, v in self.bundle.items() if total.get(k, 0) < v * self.count}
+        if short:
+            raise GenerationStartupError(
+                f"the Ray cluster cannot hold {self.count} generation replicas of {self.bundle}: it has "
+                f"{ {k: total.get(k, 0) for k in short} } in all, {short} are needed; add GPU nodes (or nodes "
+                "offering cluster.generation_node_resource), or lower the replica count"
+            )
+
+    def _actor(self, index: int, port: int | None) -> Any:
+        ray = self._ray
+        strategy = ray.util.scheduling_strategies.PlacementGroupSchedulingStrategy(
+            self._group, placement_group_bundle_index=index
+        )
+        custom = {k: v for k, v in self.bundle.items() if k not in ("CPU", "GPU")}
+        remote = ray.remote(max_restarts=0)(GenerationReplica)
+        return remote.options(
+            num_cpus=self.bundle["CPU"], num_gpus=self.bundle.get("GPU", 0), resources=custom,
+            scheduling_strategy=strategy, name=None,
+        ).remote(self._data, index, port)  # fmt: skip
+
+    def _reports(self, actors: list[Any], timeout: float) -> list[dict[str, Any]]:
+        ray = self._ray
+        try:
+            return ray.get([actor.where.remote() for actor in actors], timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise GenerationStartupError(f"generation replicas did not start within {timeout:g} s") from None
+        except ray.exceptions.RayError as e:
+            cause = getattr(e, "cause", None) or e  # an actor's error: the original, not Ray's traceback
+            raise GenerationStartupError(f"a generation replica could not start on the Ray cluster: {cause}") from None
+
+    def update_weights(self, checkpoint_dir: str, weight_version: int | None, recompute_kv_cache: bool) -> int:
+        """Every live replica loads the folder; refused before any loads if a replica's node cannot read it."""
+        ray = self._ray
+        path = os.path.abspath(checkpoint_dir)
+        with self._lock:
+            live = [(i, r) for i, r in enumerate(self.replicas) if r is not None]
+            seen = ray.get([r["actor"].can_read.remote(path) for _, r in live])
+            blind = [r["ip"] for (_, r), ok in zip(live, seen, strict=True) if not ok]
+            if blind:
+                from nemo_tau2.generation.vllm_launcher import WeightUpdateError
+
+                raise WeightUpdateError(
+                    f"{path} cannot be read on the generation node(s) {', '.join(sorted(set(blind)))}: put "
+                    "checkpointing.checkpoint_dir on a filesystem every node mounts; the previous weights keep serving"
+                )
+            calls = [r["actor"].update_weights.remote(path, weight_version, recompute_kv_cache) for _, r in live]
+            versions = []
+            for (index, _), call in zip(live, calls, strict=True):
+                try:
+                    versions.append(ray.get(call))
+                except ray.exceptions.RayActorError:  # the replica went while loading: a lost replica, not a bad load
+                    self._replace(index, "its actor died during a weight update")
+                except ray.exceptions.RayTaskError as e:
+                    self.stop()
+                    raise (getattr(e, "cause", None) or e) from None
+            self._last_update = (path, versions[0] if versions else weight_version)
+            return versions[0] if versions else int(weight_version or 0)
+
+    def _watch(self) -> None:
+        ray = self._ray
+        while not self._stopping.wait(HEALTH_INTERVAL_S):
+            for index, replica in enumerate(list(self.replicas)):
+                if replica is None or self._stopping.is_set():
+                    continue
+                reason = None
+                try:
+                    if not ray.get(replica["actor"].healthy.remote(), timeout=30):
+                        reason = "its server stopped answering /health"
+                except ray.exceptions.GetTimeoutError:
+                    reason = "its actor did not answer for 30 s"
+                except ray.exceptions.RayError:
+                    reason = "its actor or node is gone"
+                if reason is not None and not self._stopping.is_set():
+                    with self._lock:
+                        if self.replicas[index] is replica:
+                            self._replace(index, reason)
+
+    def _replace(self, index: int, reason: str) -> None:
+        """Restart replica ``index`` on its bundle (same port, latest weights) if allowed, else drop it."""
+        ray, replica = self._ray, self.replicas[index]
+        assert replica is not None
+        with contextlib.suppress(ray.exceptions.RayError, ValueError):
+            ray.kill(replica["actor"])
+        self.lost.append({"index": index, "node_id": replica["node_id"], "base_url": replica["base_url"]})
+        if replica["restarts"] < self.cluster.generation_replica_restarts:
+            logger.warning("generation replica %d at %s lost (%s): restarting it", index, replica["base_url"], reason)
+            try:
+                port = int(replica["base_url"].removesuffix("/v1").rsplit(":", 1)[1])
+                actor = self._actor(index, port)
+                report = self._reports([actor], self._startup_timeout_s())[0]
+                if self._last_update is not None:
+                    path, version = self._last_update
+                    ray.get(actor.update_weights.remote(path, version, True))
+                if report["base_url"] == replica["base_url"]:
+                    self.replicas[index] = {"actor": actor, "restarts": replica["restarts"] + 1} | report
+                    return
+                ray.kill(actor)  # moved to another node: the Gym model servers only know the old URL
+                reason += f"; its restart came up at {report['base_url']}, not its URL"
+            except (GenerationStartupError, ray.exceptions.RayError) as e:
+                reason += f"; its restart failed: {e}"
+        logger.warning("generation replica %d at %s dropped (%s)", index, replica["base_url"], reason)
+        self.replicas[index] = None
+        with contextlib.suppress(ValueError):
+            self.base_urls.remove(replica["base_url"])
+
+    def stop(self) -> None:
+        """Stop every replica, remove the placement group, leave Ray (idempotent)."""
+        self._stopping.set()
+        ray = getattr(self, "_ray", None)
+        if ray is not None and ray.is_initialized():
+            actors = [r["actor"] for r in self.replicas if r is not None]
+            with contextlib.suppress(ray.exceptions.RayError):
+                ray.wait([a.stop.remote() for a in actors], num_returns=len(actors), timeout=60)
+            for actor in actors:
+                with contextlib.suppress(ray.exceptions.RayError, ValueError):
+                    ray.kill(actor)
+            if self._group is not None:
+                with contextlib.suppress(ray.exceptions.RayError, ValueError):
+                    ray.util.remove_placement_group(self._group)
+        self.replicas, self._group = [], None
+        self._ray_stack.close()
+
+
+def start_ray_generation(cfg: GenerationConfig, cluster: ClusterConfig) -> GenerationHandle:
+    """``cfg``'s replicas on the Ray cluster (see the module docstring), as one handle listing every URL."""
+    replicas = RayGeneration(cfg, cluster).start()
+    handle = GenerationHandle(
+        backend=cfg.backend,
+        base_urls=replicas.base_urls,
+        model_name=cfg.model_name or cfg.backend,
+        api_key=LOCAL_API_KEY,
+        stop=replicas.stop,
+        load_checkpoint=replicas.update_weights,
+        replicas=replicas,
+    )
+    return handle

@@ -1,0 +1,187 @@
+"""The policy's generation replicas as Ray-placed processes on a multi-node cluster.
+
+One ``ray.cluster_utils.Cluster`` for the module: a head that stands for the CPU node (it offers ``gym_cpu``, where
+the Gym servers go) and two workers that stand for GPU nodes (a ``fake_gpu`` resource each). Generation replicas
+are the scripted fake engine's servers (and, once, vLLM's CPU build); everything else is real: Ray's placement,
+the Gym servers, tau2, HTTP between nodes' addresses. What the servers count (``/fake/stats``) is the evidence.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+from ray.cluster_utils import Cluster
+
+from nemo_tau2.cluster import ClusterConfig, import_ray
+from nemo_tau2.config import ConfigError, apply_overrides, load_config
+from nemo_tau2.evals.eval import setup_eval
+from nemo_tau2.experience.rollouts import OK, SamplingParams, run_nemo_gym_rollout_sync
+from nemo_tau2.generation import GenerationConfig, start_generation
+from nemo_tau2.generation.errors import GenerationStartupError
+from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec
+from nemo_tau2.gym.episode_config import NemoGymEnvConfig
+from nemo_tau2.tau2_env.gym_rows import task_row
+
+GPU, GYM = "fake_gpu", "gym_cpu"
+ROOT = Path(__file__).parents[3]
+EVAL_FAKE = ROOT / "examples" / "configs" / "evals" / "tau2_fake.yaml"
+SAMPLING = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=512)
+FAKE = GenerationConfig(backend="fake", fake_cfg={}, temperature=0.0, top_p=1.0)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray = import_ray()
+    small = {"object_store_memory": 80 * 1024**2}
+    cluster = Cluster(  # not connected: runs join it through cluster.ray_address, as on a real cluster
+        initialize_head=True, connect=False, head_node_args={"num_cpus": 4, "resources": {GYM: 4}, **small}
+    )
+    gpu_nodes = [cluster.add_node(num_cpus=2, resources={GPU: 2}, **small) for _ in range(2)]
+    cluster.wait_for_nodes()
+    yield cluster, gpu_nodes
+    ray.shutdown()
+    for node in [*cluster.worker_nodes, cluster.head_node]:
+        cluster.remove_node(node, allow_graceful=False)
+    cluster.shutdown()
+
+
+def _placement(cluster, **fields) -> ClusterConfig:
+    return ClusterConfig(
+        **{"ray_address": cluster[0].address, "generation_placement": "ray", "generation_node_resource": GPU} | fields
+    )
+
+
+def _server_pid(base_url: str) -> int:
+    """The pid listening on a replica's port (all nodes of a local cluster are this machine)."""
+    port = int(base_url.removesuffix("/v1").rsplit(":", 1)[1])
+    return next(c.pid for c in psutil.net_connections("tcp") if c.status == "LISTEN" and c.laddr.port == port)
+
+
+def _chat_requests(base_url: str) -> int:
+    stats = requests.get(base_url.removesuffix("/v1") + "/fake/stats", timeout=10).json()
+    return stats["requests_by_route"].get("chat", 0)
+
+
+def _rows(domain: str, tasks: list[str], sample: int) -> list[dict]:
+    return [task_row(domain, task) | {"sample_index": sample} for task in tasks]
+
+
+def test_placement_keys_are_checked_with_a_one_line_fix():
+    def eval_config(*overrides: str):
+        return setup_eval(apply_overrides(load_config(EVAL_FAKE), list(overrides)))
+
+    with pytest.raises(ConfigError, match=r"set cluster.generation_placement=ray"):
+        eval_config("cluster.generation_replicas=2")
+    with pytest.raises(ConfigError, match=r"backend 'openai' starts none"):
+        eval_config("cluster.generation_placement=ray", "policy.generation.backend=openai",
+                    "+policy.generation.openai_cfg={base_url: 'http://127.0.0.1:9/v1', model: m}")  # fmt: skip
+    with pytest.raises(ConfigError, match=r"cluster.generation_node_resource: .*custom resource name"):
+        eval_config("cluster.generation_node_resource=GPU")
+    cfg = eval_config("cluster.generation_placement=ray", "cluster.generation_replicas=2",
+                      "cluster.generation_node_resource=generation")  # fmt: skip
+    assert (cfg.cluster.generation_replicas, cfg.cluster.generation_node_resource) == (2, "generation")
+
+
+def test_replicas_the_cluster_cannot_hold_are_refused_at_once(cluster):
+    began = time.monotonic()
+    with pytest.raises(GenerationStartupError, match=r"cannot hold 3 generation replicas .* add GPU nodes"):
+        start_generation(FAKE, cluster=_placement(cluster, generation_replicas=3, generation_node_resource="x"))
+    assert time.monotonic() - began < 60
+
+
+def test_replicas_land_on_the_gpu_nodes_serve_episodes_and_a_lost_one_is_restarted_then_dropped(cluster, tmp_path):
+    """Two fake replicas on the two "GPU" nodes, the Gym servers on the head; episodes spread over both replicas.
+    A replica whose server dies is restarted once at its URL; killed again, it is dropped, and the episodes
+    running meanwhile all finish with their reward: a lost replica costs turns a retry, never a score."""
+    head, gpu_nodes = cluster[0].head_node, cluster[1]
+    spec = Tau2EnvironmentSpec(
+        policy=FAKE,
+        user=None,
+        domains=["airline"],
+        gym=NemoGymEnvConfig(),
+        log_dir=tmp_path,
+        cluster=_placement(
+            cluster, generation_replicas=2, generation_replica_restarts=1, gym_placement="ray", gym_node_resource=GYM
+        ),  # fmt: skip
+    )
+    with Tau2Environment(spec) as env:
+        replicas = env.policy.replicas
+        assert {r["node_id"] for r in replicas.replicas} == {node.node_id for node in gpu_nodes}  # SPREAD
+        assert {node["node_id"] for node in env.servers.placement.values()} == {head.node_id}
+        assert env.policy.base_urls == [r["base_url"] for r in replicas.replicas]
+        results = run_nemo_gym_rollout_sync(_rows("airline", ["0", "1", "2", "3"], 0), env.agent_urls, SAMPLING, 1)
+        assert [r.status for r in results] == [OK] * 4 and all(r.reward == 1.0 for r in results)
+        assert all(_chat_requests(url) > 0 for url in env.policy.base_urls)  # both replicas served turns
+
+        lost_url = env.policy.base_urls[1]
+        rows, results = _rows("airline", [str(i) for i in range(8)], 1), []
+        for url in env.policy.base_urls:  # turns slow enough for a replica to die under running episodes
+            requests.post(url.removesuffix("/v1") + "/fake/control", json={"latency_ms": 150}, timeout=10)
+        run = threading.Thread(
+            target=lambda: results.extend(
+                run_nemo_gym_rollout_sync(rows, env.agent_urls, SAMPLING, 1, max_concurrency=4)
+            )
+        )
+        run.start()
+        deadline = time.monotonic() + 60
+        while _chat_requests(lost_url) < 3:
+            assert time.monotonic() < deadline, "no turn reached the replica to lose"
+            time.sleep(0.1)
+        os.kill(_server_pid(lost_url), signal.SIGKILL)
+        deadline = time.monotonic() + 120
+        while len(replicas.lost) < 1 or replicas.replicas[1] is None or not replicas.replicas[1]["restarts"]:
+            assert time.monotonic() < deadline, "the lost replica was not restarted"
+            time.sleep(0.2)
+        assert env.policy.base_urls == [r["base_url"] for r in replicas.replicas]  # restarted at its URL
+        assert requests.get(lost_url.removesuffix("/v1") + "/health", timeout=10).ok
+        requests.post(lost_url.removesuffix("/v1") + "/fake/control", json={"latency_ms": 150}, timeout=10)
+        os.kill(_server_pid(lost_url), signal.SIGKILL)  # its one restart is used: dropped
+        deadline = time.monotonic() + 60
+        while env.policy.base_urls != [replicas.replicas[0]["base_url"]]:
+            assert time.monotonic() < deadline, "the twice-lost replica was not dropped"
+            time.sleep(0.2)
+        run.join(timeout=300)
+        assert not run.is_alive() and len(results) == 8
+        assert [r.status for r in results] == [OK] * 8 and all(r.reward == 1.0 for r in results)
+        assert len(replicas.lost) == 2 and replicas.replicas[1] is None
+
+
+HEAD_RUN = """
+import json, sys, time
+from nemo_tau2.cluster import ClusterConfig
+from nemo_tau2.generation import GenerationConfig, start_generation
+
+cfg = GenerationConfig(backend="fake", fake_cfg={}, temperature=0.0, top_p=1.0)
+cluster = ClusterConfig(ray_address=sys.argv[1], generation_placement="ray", generation_node_resource="fake_gpu")
+handle = start_generation(cfg, cluster=cluster)
+print("SERVING", json.dumps(handle.base_urls), flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+def test_a_head_process_killed_leaves_no_replica_serving(cluster):
+    head = subprocess.Popen([sys.executable, "-c", HEAD_RUN, cluster[0].address], stdout=subprocess.PIPE, text=True)
+    try:
+        lines = iter(head.stdout.readline, "")
+        urls = json.loads(next((line for line in lines if line.startswith("SERVING ")), " []").split(" ", 1)[1])
+        assert urls, "the head process did not start its replica"
+        pid = _server_pid(urls[0])
+        head.kill()  # no cleanup of its own: Ray ends the dead driver's actors, their servers die with them
+        head.wait(timeout=30)
+    finally:
+        head.kill()
+    deadline = time.monotonic() + 60
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the replica's server outlived the head process"
+        time.sleep(0.2)
+    with pytest.raises(requests.ConnectionError):
+        requests.get(urls[0].removesuffix("/v1") + "/health", timeout=5)
