@@ -190,7 +190,7 @@ class RequestBodyGuard:
             return
         request = {"type": "http.request", "body": body, "more_body": False}
         if self.cancel_on_disconnect(scope.get("path", "")):
-            await _run_until_client_leaves(self.app, scope, request, receive, send)
+            await _run_until_client_leaves(self.app, scope, request, receive, send, self._refuse)
         else:
             await self.app(scope, _replay([request], receive), send)
 
@@ -210,15 +210,17 @@ def _replay(messages: list[dict], receive):
     return replayed
 
 
-async def _run_until_client_leaves(app, scope, request: dict, receive, send) -> None:
+async def _run_until_client_leaves(app, scope, request: dict, receive, send, refuse) -> None:
     """Serve ``request`` with ``app``, cancelling it if the client disconnects before the whole answer is sent.
 
     The real ``receive`` is ours alone from here (the body is already read): a watcher waits on it for
     ``http.disconnect``, and the app's own ``receive`` calls get the body, then that disconnect when it happens.
+    A request the server itself cancels (it is stopping: its node is going away) is answered 503 with why, in the
+    server's error shape, rather than the bare "Internal Server Error" its framework would send.
     """
     gone = asyncio.Event()
     pending = [request]
-    answered = False
+    answered = started = False
 
     async def app_receive() -> dict:
         if pending:
@@ -227,7 +229,8 @@ async def _run_until_client_leaves(app, scope, request: dict, receive, send) -> 
         return {"type": "http.disconnect"}
 
     async def app_send(message: dict) -> None:
-        nonlocal answered
+        nonlocal answered, started
+        started = True
         if message["type"] == "http.response.body" and not message.get("more_body", False):
             answered = True
         await send(message)
@@ -250,6 +253,9 @@ async def _run_until_client_leaves(app, scope, request: dict, receive, send) -> 
         await serving
     except asyncio.CancelledError:
         serving.cancel()  # the server itself is stopping
+        if not started:
+            with contextlib.suppress(Exception):
+                await refuse(send, 503, "the server stopped before it answered (it is shutting down); retry elsewhere")
         raise
     finally:
         watcher.cancel()

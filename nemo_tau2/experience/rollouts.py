@@ -238,11 +238,15 @@ async def _post_episode(http: aiohttp.ClientSession, router: ReplicaRouter, key:
                     f"{url}/run", data=data, headers={"Content-Type": "application/json"}
                 ) as response:
                     raw = await response.read()
-                    return response.status, orjson.loads(raw)
+                    try:
+                        return response.status, orjson.loads(raw)
+                    except orjson.JSONDecodeError:  # a proxy's page, or an answer cut short
+                        shown = raw[:200].decode(errors="replace") or "an empty body"
+                        return response.status, {"error": f"an answer that is not JSON: {shown!r} ({url})"}
             except aiohttp.ClientConnectorError as e:  # never reached the replica: safe to send elsewhere
                 router.unreachable(url)
                 refused = {"error": f"{type(e).__name__}: {e}"}
-            except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as e:
+            except (aiohttp.ClientError, TimeoutError) as e:
                 if isinstance(e, aiohttp.ClientConnectionError):
                     router.unreachable(url)
                 return 0, {"error": f"{type(e).__name__}: {e} ({url})"}

@@ -1,13 +1,14 @@
 """The policy's generation replicas as Ray-placed processes on a multi-node cluster.
 
-One ``ray.cluster_utils.Cluster`` for the module: a head that stands for the CPU node (it offers ``gym_cpu``, where
-the Gym servers go) and two workers that stand for GPU nodes (a ``fake_gpu`` resource each). Generation replicas
+One ``ray.cluster_utils.Cluster`` for the module: a head and a worker that stand for CPU nodes (they offer
+``gym_cpu``, where the Gym servers go) and two workers that stand for GPU nodes (a ``fake_gpu`` resource each). Generation replicas
 are the scripted fake engine's servers (and, once, vLLM's CPU build); everything else is real: Ray's placement,
 the Gym servers, tau2, HTTP between nodes' addresses. What the servers count (``/fake/stats``) is the evidence.
 """
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -45,8 +46,9 @@ def cluster():
         initialize_head=True, connect=False, head_node_args={"num_cpus": 4, "resources": {GYM: 4}, **small}
     )
     gpu_nodes = [cluster.add_node(num_cpus=2, resources={GPU: 2}, **small) for _ in range(2)]
+    cpu_node = cluster.add_node(num_cpus=2, resources={GYM: 2}, **small)
     cluster.wait_for_nodes()
-    yield cluster, gpu_nodes
+    yield cluster, gpu_nodes, cpu_node
     ray.shutdown()
     for node in [*cluster.worker_nodes, cluster.head_node]:
         cluster.remove_node(node, allow_graceful=False)
@@ -101,7 +103,7 @@ def test_replicas_land_on_the_gpu_nodes_serve_episodes_and_a_lost_one_is_restart
     """Two fake replicas on the two "GPU" nodes, the Gym servers on the head; episodes spread over both replicas.
     A replica whose server dies is restarted once at its URL; killed again, it is dropped, and the episodes
     running meanwhile all finish with their reward: a lost replica costs turns a retry, never a score."""
-    head, gpu_nodes = cluster[0].head_node, cluster[1]
+    gpu_nodes = cluster[1]
     spec = Tau2EnvironmentSpec(
         policy=FAKE,
         user=None,
@@ -115,7 +117,8 @@ def test_replicas_land_on_the_gpu_nodes_serve_episodes_and_a_lost_one_is_restart
     with Tau2Environment(spec) as env:
         replicas = env.policy.replicas
         assert {r["node_id"] for r in replicas.replicas} == {node.node_id for node in gpu_nodes}  # SPREAD
-        assert {node["node_id"] for node in env.servers.placement.values()} == {head.node_id}
+        gym_nodes = {node["node_id"] for node in env.servers.placement.values()}
+        assert gym_nodes and not gym_nodes & {node.node_id for node in gpu_nodes}
         assert env.policy.base_urls == [r["base_url"] for r in replicas.replicas]
         results = run_nemo_gym_rollout_sync(_rows("airline", ["0", "1", "2", "3"], 0), env.agent_urls, SAMPLING, 1)
         assert [r.status for r in results] == [OK] * 4 and all(r.reward == 1.0 for r in results)
@@ -185,3 +188,49 @@ def test_a_head_process_killed_leaves_no_replica_serving(cluster):
         time.sleep(0.2)
     with pytest.raises(requests.ConnectionError):
         requests.get(urls[0].removesuffix("/v1") + "/health", timeout=5)
+
+
+def test_an_eval_on_the_cluster_survives_a_gym_node_lost_mid_run(cluster, tmp_path):
+    """``run_eval.py`` as a user runs it against the cluster: the policy's replicas on the "GPU" nodes (its log
+    says where), two agent and two resources replicas over the CPU nodes. The CPU worker is removed (a crash) once
+    episodes are saved: the episodes it held are infrastructure errors, every other ends with its reward, the results
+    file holds one line per episode, and nothing is scored because of the fault."""
+    ray_cluster, gpu_nodes, cpu_node = cluster
+    save = tmp_path / "results"
+    command = [
+        sys.executable, str(ROOT / "examples" / "run_eval.py"), "--config", str(EVAL_FAKE),
+        f"eval.save_path={save}", "data.domains=[airline]", "data.num_tasks=8", "eval.num_tests_per_prompt=2",
+        "eval.k_values=[1,2]", "eval.bootstrap_samples=0", "eval.max_concurrency=4",
+        "policy.generation.fake_cfg={latency_ms: 100}",  # episodes long enough to be cut
+        f"cluster.ray_address={ray_cluster.address}", "cluster.generation_placement=ray",
+        f"cluster.generation_node_resource={GPU}", "cluster.generation_replicas=2",
+        "cluster.gym_placement=ray", f"cluster.gym_node_resource={GYM}",
+        "env.nemo_gym.agent_replicas=2", "env.nemo_gym.resources_replicas=2",
+    ]  # fmt: skip
+    rollouts = save / "rollouts.jsonl"
+    with open(tmp_path / "stderr.log", "w") as stderr:
+        run = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=stderr, text=True)
+        try:
+            deadline = time.monotonic() + 240
+            while not rollouts.exists() or len(rollouts.read_text().splitlines()) < 2:
+                assert run.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr.log").read_text()
+                time.sleep(0.1)
+            ray_cluster.remove_node(cpu_node, allow_graceful=False)
+            out, _ = run.communicate(timeout=300)
+        finally:
+            run.kill()
+    log = (tmp_path / "stderr.log").read_text()
+    assert run.returncode == 0, log[-3000:]
+    placed = re.findall(r"generation replica (\d) on node (\w+) at", log)
+    assert sorted(index for index, _ in placed) == ["0", "1"]
+    assert {node for _, node in placed} == {node.node_id[:12] for node in gpu_nodes}
+    records = [json.loads(line) for line in rollouts.read_text().splitlines()]
+    assert len(records) == 16 and len({(r["task_id"], r["sample_index"]) for r in records}) == 16
+    failed = [r for r in records if r["status"] != OK]
+    assert failed and len(failed) <= 8  # cut mid-episode: at most what the lost node held
+    assert all(r["reward"] is None for r in failed)
+    # each says why: the agent's node went away (503 from a stopping server, or the connection dropped), not the
+    # bare 500 a stopping server's framework sends
+    assert all(r["error"] and "Internal Server Error" not in r["error"] for r in failed), failed[0]["error"]
+    assert all(r["reward"] == 1.0 for r in records if r["status"] == OK)
+    assert f"{len(failed)} episode(s) failed for infrastructure reasons" in out
