@@ -1,9 +1,10 @@
 """The policy's generation replicas as Ray-placed processes on a multi-node cluster.
 
 One ``ray.cluster_utils.Cluster`` for the module: a head and a worker that stand for CPU nodes (they offer
-``gym_cpu``, where the Gym servers go) and two workers that stand for GPU nodes (a ``fake_gpu`` resource each). Generation replicas
-are the scripted fake engine's servers (and, once, vLLM's CPU build); everything else is real: Ray's placement,
-the Gym servers, tau2, HTTP between nodes' addresses. What the servers count (``/fake/stats``) is the evidence.
+``gym_cpu``, where the Gym servers go) and two workers that stand for GPU nodes (a ``fake_gpu`` resource each).
+Generation replicas are the scripted fake engine's servers; everything else is real: Ray's placement, the Gym
+servers, tau2, HTTP between nodes' addresses. What the servers count (``/fake/stats``) and log is the evidence.
+(vLLM's CPU build as a Ray-placed replica: ``tests/unit/algorithms/test_grpo_vllm.py``.)
 """
 
 import json
