@@ -81,7 +81,12 @@ def replica_config(cfg: GenerationConfig, index: int, host: str, port: int | Non
 class GenerationReplica:
     """On one node (a Ray actor): one replica of ``policy.generation``, started through ``start_generation``."""
 
-    def __init__(self, cfg_data: dict[str, Any], index: int, port: int | None) -> None:
+    def __init__(self, cfg_data: dict[str, Any], index: int, port: int | None, omp_threads: str | None) -> None:
+        # Ray sets OMP_NUM_THREADS to the CPUs an actor reserved (1 here); an engine sizes its own threads (vLLM's
+        # CPU build, llama.cpp, torch): it gets the head's setting, else none, as a local replica does
+        os.environ.pop("OMP_NUM_THREADS", None)
+        if omp_threads is not None:
+            os.environ["OMP_NUM_THREADS"] = omp_threads
         ray = import_ray()
         self.node_id = ray.get_runtime_context().get_node_id()
         self.ip = ray.util.get_node_ip_address()
@@ -186,7 +191,7 @@ class RayGeneration:
         return remote.options(
             num_cpus=self.bundle["CPU"], num_gpus=self.bundle.get("GPU", 0), resources=custom,
             scheduling_strategy=strategy, name=None,
-        ).remote(self._data, index, port)  # fmt: skip
+        ).remote(self._data, index, port, os.environ.get("OMP_NUM_THREADS"))  # fmt: skip
 
     def _reports(self, actors: list[Any], timeout: float) -> list[dict[str, Any]]:
         ray = self._ray

@@ -5,21 +5,47 @@ logprobs before updating: the two must agree to float32 numerics. A sync that di
 partly (before our worker extension, vLLM's CPU reload left a tied lm_head stale: max difference 0.03), fails here.
 vLLM serves a chat template that rewrites history (as Qwen3's does): every policy turn must still be trained on,
 which only the prefix splice of our vLLM entry point makes possible.
+
+The synchronous run goes through a multi-node Ray cluster (``ray.cluster_utils.Cluster``, joined at its address as
+a user's run joins one): the vLLM replica is a Ray-placed process on the node standing for a GPU node, the Gym
+servers on the other, and every weight sync reaches the replica there. The async run uses the local placement.
 """
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from ray.cluster_utils import Cluster
+
+from nemo_tau2.cluster import import_ray
 from tests.history_rewriting_template import write_history_rewriting_template
 from tests.vllm_env import vllm_python
 
 ROOT = Path(__file__).parents[3]
 
 
-def test_the_vllm_grpo_smoke_syncs_weights_every_step_and_vllm_serves_exactly_them(tmp_path):
-    vllm_python()  # the run finds it through $NEMO_TAU2_VLLM_PYTHON, as a user's run does
+@pytest.fixture(scope="module")
+def cluster():
+    ray = import_ray()
+    small = {"object_store_memory": 80 * 1024**2}
+    cluster = Cluster(
+        initialize_head=True, connect=False, head_node_args={"num_cpus": 2, "resources": {"gym_cpu": 2}, **small}
+    )
+    gpu_node = cluster.add_node(num_cpus=1, resources={"fake_gpu": 1}, **small)
+    cluster.wait_for_nodes()
+    yield cluster, gpu_node
+    ray.shutdown()
+    for node in [*cluster.worker_nodes, cluster.head_node]:
+        cluster.remove_node(node, allow_graceful=False)
+    cluster.shutdown()
+
+
+def test_the_vllm_grpo_smoke_on_a_ray_cluster_syncs_weights_every_step_and_vllm_serves_exactly_them(cluster, tmp_path):
+    vllm_python()  # the replica finds it through $NEMO_TAU2_VLLM_PYTHON, as a user's run does
+    ray_cluster, gpu_node = cluster
     command = [
         sys.executable, "examples/run_grpo.py", "--config", "examples/configs/grpo_tau2_vllm_cpu_smoke.yaml",
         f"policy.model_name={tmp_path / 'tiny_policy'}",
@@ -27,9 +53,14 @@ def test_the_vllm_grpo_smoke_syncs_weights_every_step_and_vllm_serves_exactly_th
         "logger.tensorboard_enabled=false", "grpo.max_num_steps=2",  # CI time: step 2 is the synced one
         "+policy.generation.vllm_cfg.http_server_serving_chat_kwargs.chat_template="
         + write_history_rewriting_template(tmp_path),
+        f"++cluster.ray_address={ray_cluster.address}", "++cluster.generation_placement=ray",
+        "++cluster.generation_node_resource=fake_gpu", "++cluster.gym_placement=ray",
+        "++cluster.gym_node_resource=gym_cpu",
     ]  # fmt: skip
     run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert run.returncode == 0, run.stderr[-3000:]
+    (node,) = re.findall(r"generation replica 0 on node (\w+) at", run.stderr)
+    assert gpu_node.node_id.startswith(node)  # placed on the "GPU" node, synced there every step
     steps = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
     assert [step["step"] for step in steps] == [1, 2]
     for step in steps:

@@ -28,6 +28,7 @@ from nemo_tau2.evals.eval import setup_eval
 from nemo_tau2.experience.rollouts import OK, SamplingParams, run_nemo_gym_rollout_sync
 from nemo_tau2.generation import GenerationConfig, start_generation
 from nemo_tau2.generation.errors import GenerationStartupError
+from nemo_tau2.generation.tiny_model import build_tiny_model
 from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec
 from nemo_tau2.gym.episode_config import NemoGymEnvConfig
 from nemo_tau2.tau2_env.gym_rows import task_row
@@ -235,3 +236,40 @@ def test_an_eval_on_the_cluster_survives_a_gym_node_lost_mid_run(cluster, tmp_pa
     assert all(r["error"] and "Internal Server Error" not in r["error"] for r in failed), failed[0]["error"]
     assert all(r["reward"] == 1.0 for r in records if r["status"] == OK)
     assert f"{len(failed)} episode(s) failed for infrastructure reasons" in out
+
+
+def _greedy(base_url: str, model: str) -> dict:
+    body = {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 6,
+            "temperature": 0.0, "logprobs": True}  # fmt: skip
+    response = requests.post(f"{base_url}/chat/completions", json=body, timeout=60)
+    assert response.ok, response.text
+    return response.json()
+
+
+def test_a_restarted_replica_comes_back_at_its_url_with_the_latest_weights(cluster, tmp_path):
+    """An hf replica (the server lives in its actor) updated to step 3's weights, then its process killed: the
+    watcher restarts it on its bundle, at its URL, and loads the latest weights before anything else; it answers
+    as before the kill, labelled 3. Without the reload it would answer with the starting weights, labelled 0."""
+    for seed, name in ((0, "base"), (1, "step_3")):
+        tiny = build_tiny_model(seed=seed)
+        tiny.model.save_pretrained(tmp_path / name)
+        tiny.tokenizer.save_pretrained(tmp_path / name)
+    cfg = GenerationConfig(backend="hf", model_name=str(tmp_path / "base"), temperature=1.0, top_p=1.0, hf_cfg={})
+    with start_generation(cfg, cluster=_placement(cluster, generation_replica_restarts=1)) as handle:
+        (url,) = handle.base_urls
+        assert _greedy(url, handle.model_name)["weight_version"] == 0
+        assert handle.update_weights(checkpoint_dir=str(tmp_path / "step_3"), weight_version=3) == 3
+        before = _greedy(url, handle.model_name)
+        assert before["weight_version"] == 3
+        os.kill(_server_pid(url), signal.SIGKILL)
+        deadline = time.monotonic() + 120
+        while (
+            not handle.replicas.lost
+            or handle.replicas.replicas[0] is None
+            or not handle.replicas.replicas[0]["restarts"]
+        ):
+            assert time.monotonic() < deadline and handle.replicas.replicas[0] is not None, handle.replicas.lost
+            time.sleep(0.2)
+        after = _greedy(url, handle.model_name)
+        assert after["weight_version"] == 3
+        assert after["choices"][0]["logprobs"] == before["choices"][0]["logprobs"]
