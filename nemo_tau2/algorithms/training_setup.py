@@ -20,7 +20,7 @@ from nemo_tau2.evals.results import RolloutLog, record_of
 from nemo_tau2.experience.progress import RolloutProgress
 from nemo_tau2.experience.rollouts import RolloutResult, SamplingParams, run_async_nemo_gym_rollout
 from nemo_tau2.generation.launch import GenerationHandle, start_generation
-from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec
+from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec, ray_bundles
 from nemo_tau2.models.memory_plan import MemoryPlan, make_plan
 from nemo_tau2.models.model_shape import find_model_config, model_shape
 from nemo_tau2.models.policy import checkpoint as ckpt
@@ -107,14 +107,8 @@ def open_cluster(cfg: Any, resources: ExitStack) -> None:
     on_ray = cluster.gym_placement == "ray" or cluster.generation_placement == "ray"
     if cluster.ray_address is None and not on_ray and cfg.policy.num_workers == 1:
         return
-    gym_bundles = gym.agent_replicas + gym.resources_replicas if cluster.gym_placement == "ray" else 0
-    generation_bundles = 0
-    if cluster.generation_placement == "ray":
-        from nemo_tau2.generation.ray_replicas import replica_count
-
-        generation_bundles = replica_count(cfg.policy.generation, cluster)
     trainer_cpus = cfg.policy.num_workers if cfg.policy.num_workers > 1 else 0
-    num_cpus = max(os.cpu_count() or 1, trainer_cpus + gym_bundles + generation_bundles)
+    num_cpus = max(os.cpu_count() or 1, trainer_cpus + ray_bundles(cluster, gym, cfg.policy.generation))
     resources.enter_context(ray_connection(cluster, num_cpus=num_cpus))
 
 

@@ -190,6 +190,12 @@ class GenerationConfig(_Strict):
             raise ValueError("backend 'openai' needs an openai_cfg block with base_url and model")
         return self
 
+    def ray_replica_count(self, cluster: Any) -> int:
+        """Replicas placed on Ray: ``vllm_cfg.data_parallel_size`` for vLLM, else ``cluster.generation_replicas``."""
+        if self.backend == "vllm":
+            return self.vllm_cfg.data_parallel_size if self.vllm_cfg else 1
+        return cluster.generation_replicas or 1
+
     def ray_placement_problems(self, cluster: Any) -> list[str]:
         """What keeps this block from running as Ray-placed replicas under ``cluster`` (a ``ClusterConfig``), each
         with its fix; empty when ``cluster.generation_placement`` is local or nothing does."""

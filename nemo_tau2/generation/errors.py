@@ -15,6 +15,10 @@ class GenerationStartupError(RuntimeError):
     """A generation backend could not be started (missing dependency or file, busy port, server that died)."""
 
 
+class WeightUpdateError(RuntimeError):
+    """New weights could not be served; the message says whether the old ones still serve or the servers stopped."""
+
+
 class BadRequestError(ValueError):
     """A request the vLLM surface rejects with HTTP 400 (or ``status``); the message names the field and value."""
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from nemo_tau2.cluster import ClusterConfig, import_ray, ray_connection
 from nemo_tau2.generation.config import GenerationConfig
-from nemo_tau2.generation.errors import GenerationStartupError
+from nemo_tau2.generation.errors import GenerationStartupError, WeightUpdateError
 from nemo_tau2.generation.launch import LOCAL_API_KEY, GenerationHandle, start_generation
 
 logger = logging.getLogger(__name__)
@@ -39,13 +39,6 @@ logger = logging.getLogger(__name__)
 HEALTH_INTERVAL_S = 2.0
 _HOST_BLOCKS = {"vllm": "vllm_cfg", "hf": "hf_cfg", "llamacpp": "llamacpp_cfg"}
 _PORT_KEYS = {"vllm_cfg": "base_port", "hf_cfg": "port", "llamacpp_cfg": "port", "fake_cfg": "port"}
-
-
-def replica_count(cfg: GenerationConfig, cluster: ClusterConfig) -> int:
-    """How many replicas: ``vllm_cfg.data_parallel_size`` for vLLM, else ``cluster.generation_replicas`` (or 1)."""
-    if cfg.backend == "vllm":
-        return cfg.vllm_cfg.data_parallel_size if cfg.vllm_cfg else 1
-    return cluster.generation_replicas or 1
 
 
 def replica_bundle(cfg: GenerationConfig, cluster: ClusterConfig) -> dict[str, float]:
@@ -127,7 +120,7 @@ class RayGeneration:
         if cfg.model_name and os.path.isdir(cfg.model_name):  # a replica's working directory is not ours
             data["model_name"] = os.path.abspath(cfg.model_name)
         self.cfg, self.cluster, self._data = cfg, cluster, data
-        self.count = replica_count(cfg, cluster)
+        self.count = cfg.ray_replica_count(cluster)
         self.bundle = replica_bundle(cfg, cluster)
         self.base_urls: list[str] = []  # shared with the handle: a dropped replica leaves it
         self.replicas: list[dict[str, Any] | None] = []  # index -> actor, node, URL, restarts (None: dropped)
@@ -204,7 +197,9 @@ class RayGeneration:
             raise GenerationStartupError(f"a generation replica could not start on the Ray cluster: {cause}") from None
 
     def update_weights(self, checkpoint_dir: str, weight_version: int | None, recompute_kv_cache: bool) -> int:
-        """Every live replica loads the folder; refused before any loads if a replica's node cannot read it."""
+        """Every live replica loads the folder. Refused before any loads if a replica's node cannot read it; the
+        first replica loads alone, so that a folder its backend refuses (wrong tensors: nothing sent) leaves every
+        replica on the old weights; a failure after that stops them all (none may serve mixed weights)."""
         ray = self._ray
         path = os.path.abspath(checkpoint_dir)
         with self._lock:
@@ -212,24 +207,25 @@ class RayGeneration:
             seen = ray.get([r["actor"].can_read.remote(path) for _, r in live])
             blind = [r["ip"] for (_, r), ok in zip(live, seen, strict=True) if not ok]
             if blind:
-                from nemo_tau2.generation.vllm_launcher import WeightUpdateError
-
                 raise WeightUpdateError(
                     f"{path} cannot be read on the generation node(s) {', '.join(sorted(set(blind)))}: put "
                     "checkpointing.checkpoint_dir on a filesystem every node mounts; the previous weights keep serving"
                 )
-            calls = [r["actor"].update_weights.remote(path, weight_version, recompute_kv_cache) for _, r in live]
-            versions = []
-            for (index, _), call in zip(live, calls, strict=True):
-                try:
-                    versions.append(ray.get(call))
-                except ray.exceptions.RayActorError:  # the replica went while loading: a lost replica, not a bad load
-                    self._replace(index, "its actor died during a weight update")
-                except ray.exceptions.RayTaskError as e:
-                    self.stop()
-                    raise (getattr(e, "cause", None) or e) from None
-            self._last_update = (path, versions[0] if versions else weight_version)
-            return versions[0] if versions else int(weight_version or 0)
+            versions: list[int] = []
+            for first, batch in ((True, live[:1]), (False, live[1:])):
+                calls = [r["actor"].update_weights.remote(path, weight_version, recompute_kv_cache) for _, r in batch]
+                for (index, _), call in zip(batch, calls, strict=True):
+                    try:
+                        versions.append(ray.get(call))
+                    except ray.exceptions.RayActorError:  # gone while loading: a lost replica, not a bad load
+                        self._replace(index, "its actor died during a weight update")
+                    except ray.exceptions.RayTaskError as e:
+                        if not first:
+                            self.stop()
+                        raise (getattr(e, "cause", None) or e) from None
+            version = versions[0] if versions else int(weight_version or 0)
+            self._last_update = (path, version)
+            return version
 
     def _watch(self) -> None:
         ray = self._ray

@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from nemo_tau2.generation.config import GenerationConfig, VllmConfig
-from nemo_tau2.generation.errors import GenerationStartupError
+from nemo_tau2.generation.errors import GenerationStartupError, WeightUpdateError
 from nemo_tau2.generation.safetensors_layout import CheckpointLayoutError, Layout, layout_differences, read_layout
 from nemo_tau2.generation.serving import ManagedProcess, reserve_port, url_host, wait_until_healthy
 from nemo_tau2.processes import HUB_TOKEN_VARIABLES, child_environment
@@ -57,10 +57,6 @@ RELOAD_METHOD = "nemo_tau2_reload_weights"
 BUILD_HINT = "build it with `scripts/build_vllm_env.sh --device {device}`"
 # Variables of the project's environment that must not reach a vLLM interpreter of another environment.
 _FOREIGN_PYTHON_VARIABLES = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
-
-
-class WeightUpdateError(RuntimeError):
-    """New weights could not be served; the message says whether the old ones still serve or vLLM was stopped."""
 
 
 def vllm_python(vllm_cfg: VllmConfig) -> str:

@@ -16,12 +16,13 @@ replica, and the rollout spreads episodes over them.
 """
 
 import logging
+import os
 import tempfile
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nemo_tau2.cluster import ClusterConfig
+from nemo_tau2.cluster import ClusterConfig, ray_connection
 from nemo_tau2.generation.config import GenerationConfig
 from nemo_tau2.generation.launch import GenerationHandle, register_api_key, start_generation
 from nemo_tau2.generation.validation import GymGenerationConfig
@@ -33,6 +34,15 @@ from nemo_tau2.gym.stack import AGENT, ModelEndpoint, tau2_replicas, tau2_stack,
 from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
 
 logger = logging.getLogger(__name__)
+
+
+def ray_bundles(cluster: ClusterConfig, gym: NemoGymEnvConfig, policy: GenerationConfig | None) -> int:
+    """How many one-CPU bundles a run places on Ray: its Gym replicas and its policy's generation replicas (a local
+    Ray is started with at least that many CPUs, so that everything placed finds room)."""
+    bundles = gym.agent_replicas + gym.resources_replicas if cluster.gym_placement == "ray" else 0
+    if cluster.generation_placement == "ray" and policy is not None:
+        bundles += policy.ray_replica_count(cluster)
+    return bundles
 
 
 @dataclass
@@ -89,7 +99,12 @@ class Tau2Environment:
                 if isinstance(generation, GenerationConfig):
                     register_api_key(generation)  # before any process starts: none may inherit the key
             log_dir = Path(self.spec.log_dir or tempfile.mkdtemp(prefix="nemo_tau2_servers_"))
-            on_ray = self.spec.cluster.gym_placement == "ray"
+            cluster = self.spec.cluster
+            if "ray" in (cluster.gym_placement, cluster.generation_placement):  # one Ray, sized for all it holds
+                policy = self.spec.policy if isinstance(self.spec.policy, GenerationConfig) else None
+                cpus = max(os.cpu_count() or 1, ray_bundles(cluster, gym, policy))
+                self._stack.enter_context(ray_connection(cluster, num_cpus=cpus))
+            on_ray = cluster.gym_placement == "ray"
             fork_server = None  # local servers: started first, so that its imports overlap the endpoints' start
             if not on_ray:
                 fork_server = ForkServer(

@@ -27,7 +27,7 @@ from nemo_tau2.config import ConfigError, apply_overrides, load_config
 from nemo_tau2.evals.eval import setup_eval
 from nemo_tau2.experience.rollouts import OK, SamplingParams, run_nemo_gym_rollout_sync
 from nemo_tau2.generation import GenerationConfig, start_generation
-from nemo_tau2.generation.errors import GenerationStartupError
+from nemo_tau2.generation.errors import GenerationStartupError, WeightUpdateError
 from nemo_tau2.generation.tiny_model import build_tiny_model
 from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec
 from nemo_tau2.gym.episode_config import NemoGymEnvConfig
@@ -246,30 +246,33 @@ def _greedy(base_url: str, model: str) -> dict:
     return response.json()
 
 
-def test_a_restarted_replica_comes_back_at_its_url_with_the_latest_weights(cluster, tmp_path):
-    """An hf replica (the server lives in its actor) updated to step 3's weights, then its process killed: the
-    watcher restarts it on its bundle, at its URL, and loads the latest weights before anything else; it answers
-    as before the kill, labelled 3. Without the reload it would answer with the starting weights, labelled 0."""
+def test_weights_reach_the_replica_on_every_node_and_a_restarted_one_comes_back_with_the_latest(cluster, tmp_path):
+    """Two hf replicas (each server lives in its actor), one per "GPU" node, updated to step 3's weights: both
+    answer alike, labelled 3. A folder no node can read is refused naming the nodes, and the weights stay. Then a
+    replica's process is killed: the watcher restarts it on its bundle, at its URL, and loads the latest weights
+    before anything else: it answers as before the kill, labelled 3 (without the reload: the starting weights, 0)."""
     for seed, name in ((0, "base"), (1, "step_3")):
         tiny = build_tiny_model(seed=seed)
         tiny.model.save_pretrained(tmp_path / name)
         tiny.tokenizer.save_pretrained(tmp_path / name)
     cfg = GenerationConfig(backend="hf", model_name=str(tmp_path / "base"), temperature=1.0, top_p=1.0, hf_cfg={})
-    with start_generation(cfg, cluster=_placement(cluster, generation_replica_restarts=1)) as handle:
-        (url,) = handle.base_urls
-        assert _greedy(url, handle.model_name)["weight_version"] == 0
+    placement = _placement(cluster, generation_replicas=2, generation_replica_restarts=1)
+    with start_generation(cfg, cluster=placement) as handle:
+        replicas = handle.replicas
+        assert {r["node_id"] for r in replicas.replicas} == {node.node_id for node in cluster[1]}
+        assert [_greedy(url, handle.model_name)["weight_version"] for url in handle.base_urls] == [0, 0]
         assert handle.update_weights(checkpoint_dir=str(tmp_path / "step_3"), weight_version=3) == 3
-        before = _greedy(url, handle.model_name)
-        assert before["weight_version"] == 3
+        before = [_greedy(url, handle.model_name) for url in handle.base_urls]
+        assert [answer["weight_version"] for answer in before] == [3, 3]
+        assert before[0]["choices"][0]["logprobs"] == before[1]["choices"][0]["logprobs"]
+        with pytest.raises(WeightUpdateError, match=r"cannot be read on the generation node.*every node mounts"):
+            handle.update_weights(checkpoint_dir=str(tmp_path / "elsewhere"), weight_version=4)
+        url = handle.base_urls[1]
         os.kill(_server_pid(url), signal.SIGKILL)
         deadline = time.monotonic() + 120
-        while (
-            not handle.replicas.lost
-            or handle.replicas.replicas[0] is None
-            or not handle.replicas.replicas[0]["restarts"]
-        ):
-            assert time.monotonic() < deadline and handle.replicas.replicas[0] is not None, handle.replicas.lost
+        while not replicas.lost or replicas.replicas[1] is None or not replicas.replicas[1]["restarts"]:
+            assert time.monotonic() < deadline and replicas.replicas[1] is not None, replicas.lost
             time.sleep(0.2)
         after = _greedy(url, handle.model_name)
         assert after["weight_version"] == 3
-        assert after["choices"][0]["logprobs"] == before["choices"][0]["logprobs"]
+        assert after["choices"][0]["logprobs"] == before[1]["choices"][0]["logprobs"]
