@@ -276,3 +276,22 @@ def test_weights_reach_the_replica_on_every_node_and_a_restarted_one_comes_back_
         after = _greedy(url, handle.model_name)
         assert after["weight_version"] == 3
         assert after["choices"][0]["logprobs"] == before[1]["choices"][0]["logprobs"]
+
+
+def test_on_one_box_the_run_starts_a_ray_that_holds_every_replica_it_places(tmp_path):
+    """No ``cluster.ray_address``: the run starts a Ray of its own sized for what it places (two generation, two
+    agent and two resources bundles of one CPU: more than this 2-core box's CPUs), plays episodes, and stops it."""
+    ray = import_ray()
+    spec = Tau2EnvironmentSpec(
+        policy=FAKE,
+        user=None,
+        domains=["airline"],
+        gym=NemoGymEnvConfig(agent_replicas=2, resources_replicas=2),
+        log_dir=tmp_path,
+        cluster=ClusterConfig(generation_placement="ray", generation_replicas=2, gym_placement="ray"),
+    )
+    with Tau2Environment(spec) as env:
+        assert ray.cluster_resources()["CPU"] >= 6 and len(env.policy.base_urls) == 2
+        results = run_nemo_gym_rollout_sync(_rows("airline", ["0", "1"], 0), env.agent_urls, SAMPLING, 1)
+        assert [r.status for r in results] == [OK] * 2 and all(r.reward == 1.0 for r in results)
+    assert not ray.is_initialized()
