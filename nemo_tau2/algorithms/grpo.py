@@ -118,12 +118,7 @@ def setup(cfg: GRPOMasterConfig, train_rows: list[dict], val_rows: list[dict]) -
         start_step, state = 0, None
         latest = resumable_checkpoint(cfg.checkpointing.checkpoint_dir) if cfg.checkpointing.enabled else None
         if latest is not None:
-            state = policy.load_checkpoint(latest)
-            if state.get("tau2_version", "v0.2.1") != cfg.tau2.version:
-                raise ValueError(
-                    f"{latest} was trained on tau2 {state.get('tau2_version', 'v0.2.1')}, this run is tau2.version "
-                    f"{cfg.tau2.version}: resume with that release, or set another checkpointing.checkpoint_dir"
-                )
+            state = training_setup.resume_from(policy, latest, cfg.tau2.version)
             start_step = int(state["step"])
             curriculum.load_state_dict(state["curriculum"])
             logger.info("resumed from %s at step %d", latest, start_step)

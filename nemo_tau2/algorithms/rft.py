@@ -86,7 +86,7 @@ def setup(cfg: RFTMasterConfig, train_rows: list[dict], val_rows: list[dict]) ->
             else None
         )
         if latest is not None:
-            state = policy.load_checkpoint(latest)
+            state = training_setup.resume_from(policy, latest, cfg.tau2.version)
             s.start_round, s.kept_so_far = int(state["step"]), list(state.get("kept_so_far", []))
             sync_weights(s)  # the generation backend must serve the resumed weights
             logger.info("resumed from %s after round %d", latest, s.start_round)
@@ -188,6 +188,7 @@ def validate(s: RFTSetup, round_done: int) -> dict[str, float]:
 
 def save_checkpoint(s: RFTSetup, round_done: int) -> Path:
     state = {"step": round_done, "kept_so_far": s.kept_so_far if s.cfg.rft.accumulate else []}
+    state["tau2_version"] = s.cfg.tau2.version
     directory = s.policy.save_checkpoint(step_dir(s.cfg.checkpointing.checkpoint_dir, round_done), state)
     if s.cfg.checkpointing.keep_top_k is not None:
         prune_checkpoints(s.cfg.checkpointing.checkpoint_dir, s.cfg.checkpointing.keep_top_k)

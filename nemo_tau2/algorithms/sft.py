@@ -124,7 +124,7 @@ def setup(cfg: SFTMasterConfig, train_rows: list[dict], val_rows: list[dict], ev
             else None
         )
         if latest is not None:
-            s.start_step = int(policy.load_checkpoint(latest)["step"])
+            s.start_step = int(training_setup.resume_from(policy, latest, cfg.tau2.version)["step"])
             logger.info("resumed from %s at step %d", latest, s.start_step)
         return s
     except BaseException:
@@ -188,7 +188,8 @@ def validate(s: SFTSetup, step: int) -> dict[str, float]:
 
 def save_checkpoint(s: SFTSetup, step: int, epoch: int) -> Path:
     directory = s.policy.save_checkpoint(
-        step_dir(s.cfg.checkpointing.checkpoint_dir, step), {"step": step, "epoch": epoch}
+        step_dir(s.cfg.checkpointing.checkpoint_dir, step),
+        {"step": step, "epoch": epoch, "tau2_version": s.cfg.tau2.version},
     )
     if s.cfg.checkpointing.keep_top_k is not None:
         prune_checkpoints(s.cfg.checkpointing.checkpoint_dir, s.cfg.checkpointing.keep_top_k)

@@ -67,6 +67,24 @@ def resumable_checkpoint(checkpoint_dir: str | Path) -> Path | None:
     return None
 
 
+def check_checkpoint_release(path: Path, tau2_version: str) -> None:
+    """Refuse to resume from a checkpoint trained on another tau2 release than the run's (its tasks, tools and
+    scores were that release's); a checkpoint that names none predates the choice: v0.2.1."""
+    trained = ckpt.read_trainer_state(path).get("tau2_version", "v0.2.1")
+    if trained != tau2_version:
+        raise ValueError(
+            f"{path} was trained on tau2 {trained}, this run is tau2.version {tau2_version}: resume with that "
+            "release, or set another checkpointing.checkpoint_dir"
+        )
+
+
+def resume_from(policy: Policy, path: Path, tau2_version: str) -> dict:
+    """Load a resumable checkpoint (:func:`resumable_checkpoint`) into ``policy`` and return its trainer state,
+    after :func:`check_checkpoint_release`. Every training loop resumes through here and saves ``tau2_version``."""
+    check_checkpoint_release(path, tau2_version)
+    return policy.load_checkpoint(path)
+
+
 def checkpoint_step(path: Path) -> int:
     """The step a checkpoint (from :func:`resumable_checkpoint`) was taken after."""
     return int(ckpt.read_trainer_state(path)["step"])

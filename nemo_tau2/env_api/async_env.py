@@ -25,7 +25,14 @@ from gymnasium.utils import seeding
 
 from nemo_tau2.env_api.config import Tau2EnvConfig
 from nemo_tau2.env_api.messages import RESPOND_USER_TOOL, action_turn, assistant_message, chat_messages
-from nemo_tau2.env_api.parties import EndpointUserModel, GymServerUrls, GymUserModel, LocalTau2Session
+from nemo_tau2.env_api.parties import (
+    EndpointUserModel,
+    GymServerUrls,
+    GymUserModel,
+    LocalTau2Session,
+    ReleaseTau2Session,
+)
+from nemo_tau2.env_api.release_tasks import ReleaseTasks
 from nemo_tau2.generation.launch import GenerationHandle, start_generation
 from nemo_tau2.gym.agent.conversation import (
     EpisodeState,
@@ -38,6 +45,7 @@ from nemo_tau2.gym.agent.conversation import (
 from nemo_tau2.gym.agent.resources_client import HttpTau2Session
 from nemo_tau2.gym.agent.user_simulator import UserSimulator
 from nemo_tau2.gym.http_client import GymHttpClient, InfrastructureError, RetryConfig
+from nemo_tau2.gym.resources_server.release import WorkerRelease
 from nemo_tau2.tau2_env import domains
 from nemo_tau2.tau2_env.gym_rows import task_row
 from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
@@ -66,8 +74,9 @@ class AsyncTau2Env:
         gym_servers: play against running Gym servers (a tau2 resources server and the user's model server)
             instead of in process.
         http: a connection pool to share between environments; None makes one per environment.
-        tau2: the tau2 release (the run configs' ``tau2`` block); Tau2Env plays v0.2.1 only (it runs tau2's
-            environment and reward in this process) and refuses another release in one line naming the key.
+        tau2: the tau2 release (the run configs' ``tau2`` block). v0.2.1 runs in this process; a release in its
+            own environment (v1.0.1) runs through the resources server's release code, its two workers started
+            here (``close()`` stops them), or through ``gym_servers`` serving that release.
     """
 
     def __init__(
@@ -91,11 +100,6 @@ class AsyncTau2Env:
         tau2: Tau2ReleaseConfig | dict | None = None,
     ):
         release = Tau2ReleaseConfig.model_validate(tau2 or {})
-        if release.version != "v0.2.1":
-            raise ValueError(
-                f"tau2.version {release.version}: Tau2Env runs tau2 in this process, which is v0.2.1 only; play it "
-                f"through the Gym servers (run_eval.py / run_grpo.py with tau2.version={release.version})"
-            )
         given = {
             "max_steps": max_steps,
             "max_errors": max_errors,
@@ -106,12 +110,21 @@ class AsyncTau2Env:
         }
         self.config = Tau2EnvConfig.model_validate(
             {"domain": domain, "split": split, "task_ids": task_ids, "user": user, "seed": seed}
-            | {"respond_user": respond_user}
+            | {"respond_user": respond_user, "tau2": release}
             | {key: value for key, value in given.items() if value is not None}
         )
         self.settings = self.config.episode_settings()
-        self.task_ids = [task.id for task in self.config.tasks()]
-        self.tools = domains.chat_tool_schemas(domain) + ([RESPOND_USER_TOOL] if respond_user else [])
+        self._release: WorkerRelease | None = None
+        self._release_tasks: ReleaseTasks | None = None
+        if release.version == "v0.2.1":
+            self.task_ids = [task.id for task in self.config.tasks()]
+            tools = domains.chat_tool_schemas(domain)
+        else:  # its tasks, tools and prompts from its own workers, started here (each imports tau2: seconds)
+            if gym_servers is None:
+                self._release = WorkerRelease(release)
+            self._release_tasks = ReleaseTasks.load(self.config, self._release and self._release.worker)
+            self.task_ids, tools = self._release_tasks.task_ids, self._release_tasks.tools
+        self.tools = tools + ([RESPOND_USER_TOOL] if respond_user else [])
         self.np_random, _ = seeding.np_random(seed)
         self._http = http or GymHttpClient()
         self._owns_http = http is None
@@ -158,7 +171,8 @@ class AsyncTau2Env:
         with self._one_call():
             await self._end_episode()
             user = await self._user_simulator()
-            row = task_row(self.config.domain, self.task_ids[task_index])
+            task_id = self.task_ids[task_index]
+            row = self._release_tasks.rows[task_id] if self._release_tasks else task_row(self.config.domain, task_id)
             state = EpisodeState.for_row(row, sample_index)
             self._session = self._new_session()
             self._state, self._respond_id, self._failed, self.last_result = state, None, None, None
@@ -206,6 +220,9 @@ class AsyncTau2Env:
             self._owned_endpoint = None
         if self._owns_http:
             await self._http.close()
+        if self._release is not None:
+            await asyncio.to_thread(self._release.close)
+            self._release = None
 
     async def __aenter__(self) -> "AsyncTau2Env":
         return self
@@ -264,6 +281,8 @@ class AsyncTau2Env:
     def _new_session(self) -> Tau2Session:
         if self._gym_servers is not None:
             return HttpTau2Session(self._http, [self._gym_servers.resources_server], self.settings.resources_retry)
+        if self._release is not None:
+            return ReleaseTau2Session(self._release)
         return LocalTau2Session()
 
     async def _end_episode(self) -> None:
@@ -295,6 +314,7 @@ class AsyncTau2Env:
             "domain": state.domain,
             "task_id": state.task_id,
             "sample_index": state.sample_index,
+            "tau2_version": state.tau2_version,
             "conversation_id": state.conversation_id,
             "termination_reason": state.termination_reason,
             "truncated_by": state.truncated_by,
@@ -307,5 +327,7 @@ class AsyncTau2Env:
         }
 
     def _reward_basis(self, state: EpisodeState) -> list[str]:
+        if self._release_tasks is not None:
+            return self._release_tasks.reward_basis[state.task_id]
         criteria = domains.get_task(state.domain, state.task_id).evaluation_criteria
         return [basis.value for basis in criteria.reward_basis] if criteria else []

@@ -14,6 +14,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from nemo_tau2.generation.config import GenerationConfig
 from nemo_tau2.gym.episode_config import EpisodeLimits, EpisodeSettings, UserSimulatorConfig
 from nemo_tau2.tau2_env import domains
+from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
 
 
 class Tau2EnvConfig(EpisodeLimits):
@@ -27,6 +28,7 @@ class Tau2EnvConfig(EpisodeLimits):
     respond_user: bool = Field(
         default=False, description="The policy speaks to the user through a respond_user(text) tool call."
     )
+    tau2: Tau2ReleaseConfig = Field(default_factory=Tau2ReleaseConfig, description="Which tau2 release plays.")
 
     @field_validator("user", mode="before")
     @classmethod
@@ -51,6 +53,8 @@ class Tau2EnvConfig(EpisodeLimits):
             raise ValueError("give exactly one of split (e.g. split='test') or task_ids")
         if self.task_ids is not None and not self.task_ids:
             raise ValueError("task_ids is empty")
+        if self.tau2.version != "v0.2.1":
+            return self  # its tasks are its worker's to check (ReleaseTasks)
         if self.task_ids is not None:
             with_history = [task.id for task in self._all_tasks() if _has_history(task)]
             if with_history:
@@ -63,7 +67,7 @@ class Tau2EnvConfig(EpisodeLimits):
         return self
 
     def tasks(self) -> list:
-        """The tasks to play (a split's tasks that start from a message history are left out, as in the rows)."""
+        """tau2 v0.2.1's tasks to play (a split's tasks that start from a message history are left out, as in rows)."""
         return [task for task in self._all_tasks() if not _has_history(task)]
 
     def _all_tasks(self) -> list:

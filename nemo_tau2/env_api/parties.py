@@ -2,13 +2,15 @@
 
 - the tau2 session: :class:`LocalTau2Session` runs the resources server's own session code
   (:func:`~nemo_tau2.gym.resources_server.in_process.start_episode`, ``Episode.call_tool``,
-  :func:`~nemo_tau2.gym.resources_server.in_process.score_episode`) in this process; the agent server's
+  :func:`~nemo_tau2.gym.resources_server.in_process.score_episode`) in this process; :class:`ReleaseTau2Session`
+  the server's code for a release in its own environment (v1.0.1, through its workers); the agent server's
   :class:`~nemo_tau2.gym.agent.resources_client.HttpTau2Session` talks to a running resources server;
 - the user model: :class:`EndpointUserModel` sends the user simulator's Responses requests to an OpenAI-compatible
   endpoint through ``fast_vllm_model``'s request path (:class:`~nemo_tau2.gym.model_server.endpoint.ChatEndpoint`)
   without a model server; :class:`GymUserModel` posts them to a running Gym model server, as the agent does.
 """
 
+import asyncio
 import time
 from dataclasses import dataclass
 
@@ -21,9 +23,11 @@ from nemo_tau2.gym.model_server.conversion import BadRequest
 from nemo_tau2.gym.model_server.endpoint import ChatEndpoint, EndpointError
 from nemo_tau2.gym.model_server.routing import ReplicaRouter
 from nemo_tau2.gym.resources_server.in_process import call_tool, score_episode, start_episode
+from nemo_tau2.gym.resources_server.release import WorkerEpisode, WorkerRelease
 from nemo_tau2.gym.stack import USER_MODEL, ModelEndpoint, model_server_spec
 from nemo_tau2.tau2_env import domains
 from nemo_tau2.tau2_env.episode import Episode
+from nemo_tau2.tau2_release.client import Tau2JudgeError, Tau2RequestError, Tau2WorkerError
 
 
 @dataclass
@@ -51,6 +55,7 @@ class LocalTau2Session:
         except (domains.UnknownDomainError, domains.UnknownTaskError) as e:
             raise RowError(str(e)) from e
         self.episode, self.verdict = episode, None
+        state.tau2_version = "v0.2.1"
         state.user_system_prompt = answer["user_system_prompt"]
         state.user_tools = answer["user_tools"]
 
@@ -70,6 +75,55 @@ class LocalTau2Session:
         self.episode = None
 
     def _episode(self) -> Episode:
+        if self.episode is None:
+            raise RuntimeError("no live tau2 episode in this session (seed it first)")
+        return self.episode
+
+
+class ReleaseTau2Session:
+    """One episode of a tau2 release that runs in its own environment (v1.0.1), through the resources server's own
+    release code (:class:`~nemo_tau2.gym.resources_server.release.WorkerRelease`: seeds and tool calls in its
+    episode worker, the verdict from its scoring worker, off the event loop). The same rules as the local session."""
+
+    def __init__(self, release: WorkerRelease) -> None:
+        self.release = release
+        self.episode: WorkerEpisode | None = None
+        self.verdict: dict | None = None
+
+    async def seed(self, state: EpisodeState) -> None:
+        try:
+            episode, answer = self.release.start_episode(state.domain, state.task_id)
+        except Tau2RequestError as e:
+            raise RowError(str(e)) from e
+        self.episode, self.verdict = episode, None
+        state.tau2_version = answer["tau2_version"]
+        state.user_system_prompt = answer["user_system_prompt"]
+        state.user_tools = answer["user_tools"]
+
+    async def call_tool(
+        self, state: EpisodeState, name: str, arguments: dict, requestor: str, call_id: str
+    ) -> tuple[str, bool]:
+        message = self._episode().call_tool(name, arguments, requestor, call_id)
+        return message.content, message.error
+
+    async def verify(self, state: EpisodeState) -> dict:
+        if self.verdict is None:
+            try:
+                self.verdict = await asyncio.to_thread(
+                    self.release.score_episode, self._episode(), state.tau2_messages, state.termination_reason
+                )
+            except (Tau2JudgeError, Tau2WorkerError) as e:
+                raise InfrastructureError(f"tau2 {self.release.version} could not score the episode: {e}") from e
+            self.episode.close()
+            self.episode = None
+        return dict(self.verdict)
+
+    async def end(self, state: EpisodeState) -> None:
+        if self.episode is not None:
+            self.episode.close()
+        self.episode = None
+
+    def _episode(self) -> WorkerEpisode:
         if self.episode is None:
             raise RuntimeError("no live tau2 episode in this session (seed it first)")
         return self.episode

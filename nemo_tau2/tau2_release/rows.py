@@ -5,6 +5,7 @@ The same row shape as :func:`nemo_tau2.tau2_env.gym_rows.task_row` (the v0.2.1 r
 ``tau2_version``, so a row says which release's task it is. Tasks and splits are the release's own.
 """
 
+import contextlib
 from typing import Any
 
 from nemo_tau2.tau2_env.domains import as_responses_tools
@@ -14,7 +15,7 @@ from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
 
 
 def _domain_rows(
-    worker: Tau2Worker, domain: str, split: str, agent_name: str, compact: bool, wanted: set[str] | None
+    worker: Tau2Worker, domain: str, split: str | None, agent_name: str, compact: bool, wanted: set[str] | None
 ) -> list[dict]:
     system_prompt = worker.request("agent_system_prompt", domain=domain)
     tools = as_responses_tools(worker.request("tool_schemas", domain=domain))
@@ -58,19 +59,21 @@ def check_release(rows: list[dict], version: str, what: str = "data") -> None:
 def release_rows(
     config: Tau2ReleaseConfig,
     domains_: list[str],
-    split: str,
+    split: str | None,
     task_ids: list[str] | None = None,
     num_tasks: int | None = None,
     agent_name: str = DEFAULT_AGENT_NAME,
     what: str = "data",
     compact: bool = False,
+    worker: Tau2Worker | None = None,
 ) -> list[dict]:
     """Rows of ``split`` in each domain (``task_ids`` only those, ``num_tasks`` the first N of each), in the
-    release's split order (``compact``: :func:`~nemo_tau2.tau2_env.gym_rows.compact_row`). Raises ``ValueError``
-    naming the setting to fix (unknown split or task)."""
+    release's split order (``compact``: :func:`~nemo_tau2.tau2_env.gym_rows.compact_row`); ``split`` None: every
+    task. Raises ``ValueError`` naming the setting to fix (unknown split or task). ``worker``: one already running
+    (else one is started for this call)."""
     wanted = None if task_ids is None else {str(task_id) for task_id in task_ids}
     rows = []
-    with Tau2Worker(config) as worker:
+    with contextlib.nullcontext(worker) if worker is not None else Tau2Worker(config) as worker:
         for domain in domains_:
             try:
                 found = _domain_rows(worker, domain, split, agent_name, compact, wanted)
@@ -78,7 +81,8 @@ def release_rows(
                 raise ValueError(f"{what}.split: {e}") from e
             rows += found[:num_tasks]
     if wanted is not None and (missing := wanted - {row["task_id"] for row in rows}):
-        raise ValueError(f"{what}.task_ids: not in tau2 {config.version}'s {split} split: {sorted(missing)}")
+        where = f"{split} split" if split is not None else "tasks"
+        raise ValueError(f"{what}.task_ids: not in tau2 {config.version}'s {where}: {sorted(missing)}")
     return rows
 
 

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
-from nemo_tau2.algorithms import rft, sft
+from nemo_tau2.algorithms import rft, sft, training_setup
 from nemo_tau2.algorithms.loss import NLLLossFn, nll_loss
 from nemo_tau2.algorithms.rft_config import RFTMasterConfig
 from nemo_tau2.algorithms.sft_config import SFTMasterConfig
@@ -179,6 +179,12 @@ def test_an_interrupted_sft_run_resumes_to_the_same_weights(start, oracle_rows, 
     assert [h["train/loss"] for h in resumed_history] == [h["train/loss"] for h in whole_history[3:]]
     assert all(torch.equal(whole[name], resumed[name]) for name in whole)
     assert (tmp_path / "cut" / "checkpoints" / "final_hf" / "config.json").is_file()
+    # the checkpoint names the release its rows were of; a run of another release refuses it
+    latest = training_setup.resumable_checkpoint(tmp_path / "cut" / "checkpoints")
+    assert json.loads((latest / "trainer_state.json").read_text())["tau2_version"] == "v0.2.1"
+    training_setup.check_checkpoint_release(latest, "v0.2.1")
+    with pytest.raises(ValueError, match=r"was trained on tau2 v0.2.1, this run is tau2.version v1.0.1: resume"):
+        training_setup.check_checkpoint_release(latest, "v1.0.1")
 
 
 def test_two_rft_rounds_raise_pass_at_1_on_the_train_tasks(start, tmp_path):

@@ -1,0 +1,66 @@
+"""``Tau2Env`` on tau2 v1.0.1: the release's tasks, tools, prompts and reward basis through its workers, episodes
+played step by step through the resources server's own release code and scored by the release's
+``evaluate_simulation``."""
+
+import pytest
+
+from nemo_tau2.env_api import Tau2Env
+from nemo_tau2.env_api.config import Tau2EnvConfig
+from nemo_tau2.env_api.release_tasks import ReleaseTasks
+from nemo_tau2.generation.launch import GenerationHandle
+from nemo_tau2.tau2_release.config import NLJudgeConfig, Tau2ReleaseConfig
+from nemo_tau2.testing import start_fake_server
+from tests.tau2_v1_env import tau2_v1_python
+from tests.unit.env_api.conftest import USER, chat_turns
+
+# Airline tasks whose gold actions v1.0.1 left as v0.2.1 had them (the scripted oracle plays v0.2.1's gold).
+UNCHANGED_AIRLINE = ["0", "11"]  # 11 writes (update_reservation_flights)
+
+
+@pytest.fixture(scope="module")
+def user_endpoint():
+    with start_fake_server() as server:
+        yield GenerationHandle(backend="fake", base_urls=[server.base_url], model_name="fake-user")
+
+
+def _release(judge) -> dict:
+    judge_config = NLJudgeConfig(model="scripted-judge", base_url=judge.base_url)
+    return Tau2ReleaseConfig(version="v1.0.1", python=tau2_v1_python(), judge=judge_config).model_dump()
+
+
+def _play(env: Tau2Env, task_index: int, variant: str) -> dict:
+    observation, info = env.reset(task_index)
+    for action in chat_turns("airline", info["task_id"], variant):
+        observation, reward, terminated, truncated, info = env.step(action)
+        if terminated or truncated:
+            return info | {"reward": reward}
+    raise AssertionError(f"the scripted episode of task {info['task_id']} did not end")
+
+
+def test_tau2env_plays_v101_through_its_workers_and_scores_as_the_release(user_endpoint, judge):
+    env = Tau2Env("airline", task_ids=UNCHANGED_AIRLINE, user=USER, user_endpoint=user_endpoint, tau2=_release(judge))
+    try:
+        assert env.env.task_ids == UNCHANGED_AIRLINE
+        oracle = [_play(env, index, "oracle") for index in range(2)]
+        assert [(r["reward"], r["tau2_version"], r["termination_reason"]) for r in oracle] == [
+            (1.0, "v1.0.1", "user_stop")
+        ] * 2
+        assert all("reward_info" in r for r in oracle)  # the release's own RewardInfo
+        wrong = _play(env, 1, "wrong_argument")  # the write with a wrong argument: the release's DB check fails it
+        assert wrong["reward"] == 0.0 and wrong["db_match"] is False and wrong["tau2_version"] == "v1.0.1"
+    finally:
+        env.close()
+
+
+def test_tau2env_on_v101_takes_the_releases_tools_reward_basis_and_task_ids(worker):
+    """What a retail env of v1.0.1 is built from (read through the package's worker: no second start)."""
+    config = Tau2EnvConfig(domain="retail", split="test", user={"generation": USER}, tau2=worker.config)
+    tasks = ReleaseTasks.load(config, worker)
+    names = {tool["function"]["name"] for tool in tasks.tools}
+    assert "get_item_details" in names  # a READ tool new in v1.0.1
+    bases = {tuple(tasks.reward_basis[task_id]) for task_id in tasks.task_ids}
+    assert ("DB", "NL_ASSERTION") in bases  # retail's v1.0.1 scoring
+    assert all(row["tau2_version"] == "v1.0.1" for row in tasks.rows.values())
+    wrong = config.model_copy(update={"split": None, "task_ids": ["nope"]})
+    with pytest.raises(ValueError, match=r"Tau2Env.task_ids: not in tau2 v1.0.1's tasks: \['nope'\]"):
+        ReleaseTasks.load(wrong, worker)
