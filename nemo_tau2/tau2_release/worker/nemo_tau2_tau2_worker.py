@@ -1,6 +1,6 @@
 """The one file of nemo-tau2 that runs inside a tau2 release's own environment (``scripts/build_tau2_env.sh``).
 
-It imports only tau2, the standard library and its sibling ``nemo_tau2_tau2_snapshots`` (tau2 v1.0.1 cannot share
+It imports only tau2, the standard library and its siblings ``nemo_tau2_tau2_*`` (tau2 v1.0.1 cannot share
 an environment with NeMo-Gym: their ``openai`` pins conflict), and answers JSON requests, one per line on stdin,
 one answer per line on the stdout it was started with (tau2 prints to stdout while importing, so that is moved to
 stderr first). Everything version-specific comes from the release through its public API: tasks and splits
@@ -8,7 +8,8 @@ stderr first). Everything version-specific comes from the release through its pu
 (``LLMAgent``, ``build_user``) and the reward (``evaluate_simulation`` on the episode's trajectory, the
 NL-assertion judge included, pointed at the endpoint the run configures). Every environment, the three that
 ``evaluate_simulation`` builds per score included, is tau2's own constructor fed a fork of one DB snapshot per
-domain (``nemo_tau2_tau2_snapshots``), instead of the DB file read again.
+domain (``nemo_tau2_tau2_snapshots``), instead of the DB file read again, and a tool's specification is parsed
+from its docstring once per process (``nemo_tau2_tau2_tool_specs``).
 
 Answers: ``{"id", "ok": true, "result"}`` or ``{"id", "ok": false, "kind", "error"}`` where ``kind`` is
 ``bad_request`` (unknown domain/task/episode, malformed message), ``judge`` (the NL-assertion judge failed:
@@ -32,6 +33,7 @@ logger.add(sys.stderr, level=os.environ.get("NEMO_TAU2_TAU2_LOG_LEVEL", "ERROR")
 
 import tau2.evaluator.evaluator_nl_assertions as nl_assertions  # noqa: E402
 from nemo_tau2_tau2_snapshots import DomainSnapshots  # noqa: E402
+from nemo_tau2_tau2_tool_specs import memoise_tool_parsing  # noqa: E402
 from tau2.agent.llm_agent import AGENT_INSTRUCTION, SYSTEM_PROMPT  # noqa: E402
 from tau2.data_model.message import AssistantMessage, ToolCall, ToolMessage, UserMessage  # noqa: E402
 from tau2.data_model.simulation import SimulationRun, TerminationReason  # noqa: E402
@@ -54,6 +56,7 @@ class JudgeError(RuntimeError):
 _tasks: dict[str, dict] = {}
 _episodes: dict[str, dict] = {}
 _snapshots = DomainSnapshots()
+memoise_tool_parsing()
 
 
 def _domain_tasks(domain: str) -> dict:
@@ -133,11 +136,19 @@ def seed(domain: str, task_id: str) -> dict:
     episode_id = uuid.uuid4().hex
     _episodes[episode_id] = {"domain": domain, "task": task}
     _episodes[episode_id]["env"] = env
-    return {
-        "episode_id": episode_id,
-        "user_system_prompt": user.system_prompt,
-        "user_tools": [tool.openai_schema for tool in user.tools or []],
-    }
+    schemas = _user_tool_schemas(env, user)
+    return {"episode_id": episode_id, "user_system_prompt": user.system_prompt, "user_tools": schemas}
+
+
+_schemas: dict[tuple, list] = {}
+
+
+def _user_tool_schemas(env, user) -> list:
+    """The user's tools' ``openai_schema``s, once per toolkit class and tool list: a schema is its method's."""
+    key = (type(env.user_tools), tuple(tool.name for tool in user.tools or []))
+    if key not in _schemas:
+        _schemas[key] = [tool.openai_schema for tool in user.tools or []]
+    return _schemas[key]
 
 
 def _episode(episode_id: str) -> dict:
