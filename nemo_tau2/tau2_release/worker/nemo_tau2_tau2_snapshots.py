@@ -19,12 +19,14 @@ for airline). Exact shortcuts, each still running tau2's own code:
   same content (the gold DB of a task seen before, the predicted DB of an episode that reached it) reuses it.
 """
 
+import gc
 import importlib.util
 import inspect
 from collections import OrderedDict
 from pathlib import Path
 
 from tau2.registry import registry
+from tau2.utils import load_file
 
 _SESSION_DB = Path(__file__).resolve().parents[2] / "tau2_env" / "session_db.py"
 
@@ -116,6 +118,28 @@ class ContentHashes:
         return found
 
 
+def _forks_collections(db) -> bool:
+    return any(isinstance(getattr(db, name), session_db.CopyOnAccessDict) for name in type(db).model_fields)
+
+
+class _SnapshotCopies:
+    """New DBs equal to ``db_class.load(path)`` (tau2's ``DB.load``: ``model_validate(load_file(path))``), the file
+    read once. A DB with dict collections (airline, retail: megabytes) is a fork of the validated snapshot; one
+    without (telecom's lists: kilobytes, where deep-copying costs more than validating) is validated afresh from
+    the file's parsed data, which validation reads and never changes."""
+
+    def __init__(self, db_class, path):
+        self._db_class = db_class
+        self._data = load_file(path)
+        self._snapshot = db_class.model_validate(self._data)
+        self._fork = any(isinstance(getattr(self._snapshot, name), dict) for name in db_class.model_fields)
+
+    def new(self):
+        if self._fork:
+            return session_db.fork_database(self._snapshot)
+        return self._db_class.model_validate(self._data)
+
+
 class DomainSnapshots:
     """The worker's DB snapshots and forking constructors, one per domain, made on first use."""
 
@@ -135,13 +159,13 @@ class DomainSnapshots:
         constructor = registry.get_env_constructor(domain)
         if files is None or not set(files) <= set(inspect.signature(constructor).parameters):
             return domain
-        snapshots = {argument: db_class.load(path) for argument, (db_class, path) in files.items()}
+        copies = {argument: _SnapshotCopies(db_class, path) for argument, (db_class, path) in files.items()}
+        gc.freeze()  # the snapshots live as long as the worker: keep the collector from walking their objects again
 
         def build_forked(**kwargs):
-            forks = {argument: session_db.fork_database(snapshot) for argument, snapshot in snapshots.items()}
-            env = constructor(**forks, **kwargs)
+            env = constructor(**{argument: copy.new() for argument, copy in copies.items()}, **kwargs)
             for toolkit in (env.tools, env.user_tools):
-                if toolkit is not None and isinstance(toolkit.db, tuple(type(s) for s in snapshots.values())):
+                if toolkit is not None and _forks_collections(toolkit.db):
                     self._memoise_hash(toolkit)
             return env
 
