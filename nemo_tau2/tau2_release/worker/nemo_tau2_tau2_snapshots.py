@@ -5,20 +5,22 @@ without a ``db`` (airline: ~120 ms), and ``evaluate_simulation`` calls its domai
 verify, then hashes the predicted and the gold DB (``json.dumps(db.model_dump(), sort_keys=True)``, ~90 ms each
 for airline). Exact shortcuts, each still running tau2's own code:
 
-- **Snapshots.** Each served domain's DB files are loaded once, by tau2's own loader (``DB.load`` of the path its
-  constructor reads), and never mutated. Every environment is tau2's constructor called with ``db=`` (and
-  ``user_db=``) a *fork* of that snapshot (``session_db.fork_database``, the mechanism the v0.2.1 path uses): dict
-  collections copy an entry the first time it is looked up by key, other fields are deep copies. tau2's tools and
-  env functions mutate only what they reach by key (iteration is read-only), so a fork's content is always what a
-  fresh load plus the same calls gives. The forking constructor is registered with tau2's registry under its own
-  name (:func:`forked_domain`, ``registry.register_domain``), so ``evaluate_simulation`` builds its three
-  environments through it, unchanged.
+- **Snapshots.** Each served domain's DB files are loaded once, as tau2's ``DB.load`` loads the path its
+  constructor reads (``model_validate(load_file(path))``), and never mutated. Every environment is tau2's
+  constructor called with ``db=`` (and ``user_db=``) a new DB from it (:class:`_SnapshotCopies`): a *fork*
+  (``session_db.fork_database``, the mechanism the v0.2.1 path uses: dict collections copy an entry the first time
+  it is looked up by key, other fields are deep copies), or for a DB without dict collections (telecom) a fresh
+  validation of the parsed file. tau2 v1.0.1's tools mutate only what they reach by key (iteration is read-only),
+  so a fork's content is always what a fresh load plus the same calls gives. The constructor is registered with
+  tau2's registry under its own name (``forked_domain``, ``registry.register_domain``), so ``evaluate_simulation``
+  builds its three environments through it, unchanged.
 - **Hashes by content.** A fork's DB is fully determined by its snapshot plus the entries that differ from it
   (by canonical JSON, what the hash serialises) and its non-dict fields. Each forked toolkit's ``get_db_hash``
   is tau2's own, memoised on that key: the first DB with a given content is hashed by tau2; a later DB with the
   same content (the gold DB of a task seen before, the predicted DB of an episode that reached it) reuses it.
 """
 
+import copy
 import gc
 import importlib.util
 import inspect
@@ -125,8 +127,9 @@ def _forks_collections(db) -> bool:
 class _SnapshotCopies:
     """New DBs equal to ``db_class.load(path)`` (tau2's ``DB.load``: ``model_validate(load_file(path))``), the file
     read once. A DB with dict collections (airline, retail: megabytes) is a fork of the validated snapshot; one
-    without (telecom's lists: kilobytes, where deep-copying costs more than validating) is validated afresh from
-    the file's parsed data, which validation reads and never changes."""
+    without (telecom's lists: kilobytes, where deep-copying the models costs more than validating) is validated
+    afresh from a deep copy of the file's parsed data (plain dicts and lists: a validated model may hold parts of
+    its input, which tools then mutate)."""
 
     def __init__(self, db_class, path):
         self._db_class = db_class
@@ -137,7 +140,7 @@ class _SnapshotCopies:
     def new(self):
         if self._fork:
             return session_db.fork_database(self._snapshot)
-        return self._db_class.model_validate(self._data)
+        return self._db_class.model_validate(copy.deepcopy(self._data))
 
 
 class DomainSnapshots:
@@ -163,7 +166,7 @@ class DomainSnapshots:
         gc.freeze()  # the snapshots live as long as the worker: keep the collector from walking their objects again
 
         def build_forked(**kwargs):
-            env = constructor(**{argument: copy.new() for argument, copy in copies.items()}, **kwargs)
+            env = constructor(**{argument: source.new() for argument, source in copies.items()}, **kwargs)
             for toolkit in (env.tools, env.user_tools):
                 if toolkit is not None and _forks_collections(toolkit.db):
                     self._memoise_hash(toolkit)
