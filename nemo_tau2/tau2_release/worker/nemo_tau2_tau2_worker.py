@@ -1,12 +1,15 @@
 """The one file of nemo-tau2 that runs inside a tau2 release's own environment (``scripts/build_tau2_env.sh``).
 
-It imports only tau2 and the standard library (tau2 v1.0.1 cannot share an environment with NeMo-Gym: their
-``openai`` pins conflict), and answers JSON requests, one per line on stdin, one answer per line on the stdout it
-was started with (tau2 prints to stdout while importing, so that is moved to stderr first). Everything
-version-specific comes from the release through its public API: tasks and splits (``tau2.runner``), the
-environment and its tools (``build_environment``, ``Environment.get_response``), the prompts (``LLMAgent``,
-``build_user``) and the reward (``evaluate_simulation`` on the episode's trajectory, the NL-assertion judge
-included, pointed at the endpoint the run configures).
+It imports only tau2, the standard library and its siblings ``nemo_tau2_tau2_*`` (tau2 v1.0.1 cannot share
+an environment with NeMo-Gym: their ``openai`` pins conflict), and answers JSON requests, one per line on stdin,
+one answer per line on the stdout it was started with (tau2 prints to stdout while importing, so that is moved to
+stderr first). Everything version-specific comes from the release through its public API: tasks and splits
+(``tau2.runner``), the environment and its tools (``build_environment``, ``Environment.get_response``), the prompts
+(``LLMAgent``, ``build_user``) and the reward (``evaluate_simulation`` on the episode's trajectory, the
+NL-assertion judge included, pointed at the endpoint the run configures). Every environment, the three that
+``evaluate_simulation`` builds per score included, is tau2's own constructor fed a fork of one DB snapshot per
+domain (``nemo_tau2_tau2_snapshots``), instead of the DB file read again, and a tool's specification is parsed
+from its docstring once per process (``nemo_tau2_tau2_tool_specs``).
 
 Answers: ``{"id", "ok": true, "result"}`` or ``{"id", "ok": false, "kind", "error"}`` where ``kind`` is
 ``bad_request`` (unknown domain/task/episode, malformed message), ``judge`` (the NL-assertion judge failed:
@@ -29,6 +32,8 @@ logger.remove()
 logger.add(sys.stderr, level=os.environ.get("NEMO_TAU2_TAU2_LOG_LEVEL", "ERROR"))
 
 import tau2.evaluator.evaluator_nl_assertions as nl_assertions  # noqa: E402
+from nemo_tau2_tau2_snapshots import DomainSnapshots  # noqa: E402
+from nemo_tau2_tau2_tool_specs import memoise_tool_parsing  # noqa: E402
 from tau2.agent.llm_agent import AGENT_INSTRUCTION, SYSTEM_PROMPT  # noqa: E402
 from tau2.data_model.message import AssistantMessage, ToolCall, ToolMessage, UserMessage  # noqa: E402
 from tau2.data_model.simulation import SimulationRun, TerminationReason  # noqa: E402
@@ -50,6 +55,8 @@ class JudgeError(RuntimeError):
 
 _tasks: dict[str, dict] = {}
 _episodes: dict[str, dict] = {}
+_snapshots = DomainSnapshots()
+memoise_tool_parsing()
 
 
 def _domain_tasks(domain: str) -> dict:
@@ -102,12 +109,12 @@ def tasks(domain: str, split: str | None = "base") -> list:
 
 def agent_system_prompt(domain: str) -> str:
     """tau2's ``LLMAgent.system_prompt``: its instruction plus the domain policy."""
-    env = build_environment(domain)
+    env = build_environment(_snapshots.forked_domain(domain))
     return SYSTEM_PROMPT.format(domain_policy=env.get_policy(), agent_instruction=AGENT_INSTRUCTION)
 
 
 def tool_schemas(domain: str) -> list:
-    return [tool.openai_schema for tool in build_environment(domain).get_tools()]
+    return [tool.openai_schema for tool in build_environment(_snapshots.forked_domain(domain)).get_tools()]
 
 
 def greeting() -> str:
@@ -117,7 +124,7 @@ def greeting() -> str:
 def seed(domain: str, task_id: str) -> dict:
     """A fresh environment with the task's initial state, as tau2's orchestrator initialises it."""
     task = _task(domain, task_id)
-    env = build_environment(domain)
+    env = build_environment(_snapshots.forked_domain(domain))
     state = task.initial_state
     env.set_state(
         initialization_data=state.initialization_data if state else None,
@@ -129,11 +136,19 @@ def seed(domain: str, task_id: str) -> dict:
     episode_id = uuid.uuid4().hex
     _episodes[episode_id] = {"domain": domain, "task": task}
     _episodes[episode_id]["env"] = env
-    return {
-        "episode_id": episode_id,
-        "user_system_prompt": user.system_prompt,
-        "user_tools": [tool.openai_schema for tool in user.tools or []],
-    }
+    schemas = _user_tool_schemas(env, user)
+    return {"episode_id": episode_id, "user_system_prompt": user.system_prompt, "user_tools": schemas}
+
+
+_schemas: dict[tuple, list] = {}
+
+
+def _user_tool_schemas(env, user) -> list:
+    """The user's tools' ``openai_schema``s, once per toolkit class and tool list: a schema is its method's."""
+    key = (type(env.user_tools), tuple(tool.name for tool in user.tools or []))
+    if key not in _schemas:
+        _schemas[key] = [tool.openai_schema for tool in user.tools or []]
+    return _schemas[key]
 
 
 def _episode(episode_id: str) -> dict:
@@ -188,7 +203,9 @@ def evaluate(domain: str, task_id: str, messages: list, termination_reason: str)
         messages=[_message(item) for item in messages],
     )
     try:
-        info = evaluate_simulation(simulation, task, EvaluationType.ALL, solo_mode=False, domain=domain)
+        info = evaluate_simulation(
+            simulation, task, EvaluationType.ALL, solo_mode=False, domain=_snapshots.forked_domain(domain)
+        )
     except Exception as e:  # noqa: BLE001  (sorted into judge faults and the rest below)
         if _from_judge(e):
             raise JudgeError(f"NL-assertion judge failed: {type(e).__name__}: {e}") from e

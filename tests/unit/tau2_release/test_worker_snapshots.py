@@ -1,0 +1,85 @@
+"""The worker's shortcuts give tau2 v1.0.1's own answers.
+
+Its per-domain DB snapshots and memoised DB hashes (``nemo_tau2_tau2_snapshots``) never carry one episode's writes
+into another: after an episode that changes a user's address, the next episode of the same task reads the pristine
+user and is scored on the pristine DB (a trajectory without the write fails the DB check, as tau2 v1.0.1 scores
+it), and replaying the write scores 1.0 again, live (``verify``) and stateless (``evaluate``). Its memoised tool
+specifications (``nemo_tau2_tau2_tool_specs``, the user's schemas per toolkit) equal what tau2 builds afresh.
+"""
+
+import json
+import subprocess
+from pathlib import Path
+
+from nemo_tau2.tau2_release.trajectory import Trajectory
+from tests.tau2_v1_env import tau2_v1_python
+
+DOMAINS = ("airline", "retail", "telecom")
+DOMAIN, TASK_ID = "retail", "33"  # DB-only basis; its last gold action rewrites the user's address
+
+
+def _episode(worker, actions: list[dict], user_id: str) -> tuple[str, Trajectory, dict, dict]:
+    """Seed, read the user, play ``actions``, read the user again: (episode id, trajectory, first, last read)."""
+    episode_id = worker.request("seed", domain=DOMAIN, task_id=TASK_ID)["episode_id"]
+    trajectory = Trajectory()
+    trajectory.text("assistant", worker.request("greeting"))
+    trajectory.text("user", "Please update my address.")
+    reads = []
+    calls = [("get_user_details", {"user_id": user_id})]
+    calls += [(action["name"], action["arguments"]) for action in actions]
+    calls += [("get_user_details", {"user_id": user_id})]
+    for index, (name, arguments) in enumerate(calls):
+        answer = worker.request(
+            "call_tool", episode_id=episode_id, name=name, arguments=arguments, call_id=f"c{index}"
+        )
+        assert answer["error"] is False, answer
+        trajectory.tool_call("assistant", f"c{index}", name, arguments, answer)
+        if name == "get_user_details":
+            reads.append(answer["content"])
+    trajectory.text("assistant", "Done.")
+    trajectory.text("user", "Thanks. ###STOP###")
+    return episode_id, trajectory, reads[0], reads[-1]
+
+
+def test_an_episode_s_writes_never_reach_the_next_episode_or_its_score(worker):
+    task = next(task for task in worker.request("tasks", domain=DOMAIN, split="base") if task["id"] == TASK_ID)
+    criteria = task["evaluation_criteria"]
+    gold = criteria["actions"]
+    assert criteria["reward_basis"] == ["DB"] and gold[-1]["name"] == "modify_user_address"
+    user_id = gold[-1]["arguments"]["user_id"]
+
+    first_id, written, pristine, changed = _episode(worker, gold, user_id)
+    assert changed != pristine and gold[-1]["arguments"]["address1"] in changed
+    assert worker.verify(first_id, written.messages, "user_stop")["reward"] == 1.0
+
+    second_id, unwritten, before, after = _episode(worker, [], user_id)
+    assert before == after == pristine  # the first episode's write is not in the second's DB
+    second = worker.verify(second_id, unwritten.messages, "user_stop")
+    assert second["reward"] == 0.0 and second["reward_info"]["db_check"]["db_match"] is False
+
+    third_id, rewritten, before, after = _episode(worker, gold, user_id)
+    assert before == pristine and after == changed
+    assert worker.verify(third_id, rewritten.messages, "user_stop")["reward"] == 1.0
+
+    # Stateless scoring (the scoring worker's op) replays each trajectory on a fresh fork, in any order.
+    for trajectory, reward in ((unwritten, 0.0), (written, 1.0), (unwritten, 0.0), (rewritten, 1.0)):
+        assert worker.score(DOMAIN, TASK_ID, trajectory.messages, "user_stop")["reward"] == reward
+
+
+def test_tool_schemas_and_prompts_equal_tau2_s_own_on_every_seed(worker):
+    # airline and retail share tool names (get_user_details, ...) with other docstrings; telecom has user tools.
+    tasks = {domain: worker.request("tasks", domain=domain, split="base")[0]["id"] for domain in DOMAINS}
+    reference = subprocess.run(
+        [tau2_v1_python(), str(Path(__file__).with_name("v1_specs.py"))],
+        input=json.dumps({"tasks": tasks}), capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    theirs = json.loads(reference.stdout)
+    for domain, task_id in tasks.items():
+        assert worker.request("tool_schemas", domain=domain) == theirs[domain]["agent"]["tool_schemas"], domain
+        assert worker.request("agent_system_prompt", domain=domain) == theirs[domain]["agent"]["system_prompt"]
+        for _ in range(2):  # the second seed's specifications come from the memos
+            seeded = worker.request("seed", domain=domain, task_id=task_id)
+            worker.request("end", episode_id=seeded["episode_id"])
+            assert seeded["user_system_prompt"] == theirs[domain]["user"]["system_prompt"], domain
+            assert seeded["user_tools"] == theirs[domain]["user"]["tools"], domain
+    assert theirs["telecom"]["user"]["tools"]
