@@ -200,3 +200,55 @@ def training_tp2(tmp: Path) -> dict:
 
 def training_pp2(tmp: Path) -> dict:
     return training(tmp, pp=2)
+
+
+def checkpoint_resume(tmp: Path) -> dict:
+    """DP=2 with the distributed optimizer: step, save, step (the reference); a stack fresh from the HF weights loads
+    the checkpoint and steps: the same loss and weights as the uninterrupted run."""
+    from megatron.core import parallel_state
+
+    from nemo_tau2.algorithms.loss import ClippedPGLossConfig, ClippedPGLossFn
+    from nemo_tau2.generation.tiny_model import build_tiny_tokenizer
+    from nemo_tau2.models.megatron.checkpoint import load_megatron_checkpoint, save_megatron_checkpoint
+    from nemo_tau2.models.megatron.training import build_stack, train_global_batch
+    from nemo_tau2.models.policy.data import collate
+    from nemo_tau2.models.policy.lm_policy import global_normalisers
+    from tests.unit.models.policy.conftest import make_sequences
+
+    tokenizer = build_tiny_tokenizer()
+    hf_model, _ = tiny_hf_model("qwen3", vocab_size=-(-len(tokenizer) // 8) * 8)
+    if dist.get_rank() == 0:
+        hf_model.save_pretrained(tmp / "hf")
+        tokenizer.save_pretrained(tmp / "hf")
+    dist.barrier()
+    cfg = _training_config(tmp / "hf", 1, 1)
+    pad = tokenizer.pad_token_id
+    sequences = make_sequences(4)
+    for seq in sequences:
+        seq.prev_logprobs = list(seq.generation_logprobs)
+    loss_fn = ClippedPGLossFn(ClippedPGLossConfig(reference_policy_kl_penalty=0.0))
+    valid_toks, valid_seqs = global_normalisers(sequences)
+
+    def step(stack) -> float:
+        rank, size = parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
+        micro = [collate(sequences[rank::size], pad)]
+        return train_global_batch(stack, micro, loss_fn, valid_toks, valid_seqs, pad)["loss"]
+
+    initialize_megatron(1, 1, seed=0)
+    stack = build_stack(cfg, str(tmp / "hf"))
+    first = step(stack)
+    save_megatron_checkpoint(stack, tmp / "ckpt")
+    uninterrupted = [step(stack), step(stack)]
+    weights = {name: p.detach().clone() for name, p in stack.model.module.named_parameters()}
+    destroy_megatron()
+    initialize_megatron(1, 1, seed=0)
+    fresh = build_stack(cfg, str(tmp / "hf"))
+    fresh_first = step(fresh)  # a fresh stack's first step is the original's first: the load must undo it
+    load_megatron_checkpoint(fresh, tmp / "ckpt")
+    resumed = [step(fresh), step(fresh)]
+    max_weight_diff = max(
+        (p.detach() - weights[name]).abs().max().item() for name, p in fresh.model.module.named_parameters()
+    )
+    destroy_megatron()
+    return {"first": first, "fresh_first": fresh_first, "uninterrupted": uninterrupted, "resumed": resumed,
+            "max_weight_diff": max_weight_diff, "files": sorted(p.name for p in (tmp / "ckpt").iterdir())}  # fmt: skip
