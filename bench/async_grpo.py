@@ -4,14 +4,17 @@ Both modes run the loop's generation side for real: tau2's mock domain on the re
 as policy and user with a fixed latency per model call (``--latency-ms``: a remote engine's time, not this box's
 CPU), scored and filtered as the loop does. The trainer is a fixed ``--train-s`` per step (a sleep: the point is
 the overlap, and on this CPU box a real trainer would compete with nothing but the fake's sleeps); by default it is
-set to the measured sync generation time, so generation ~ training. Sync: ``grpo.generate`` then train, every step.
-Async: ``AsyncCollector.take`` (max age 1) then train, then the weight update with the collector paused (running
-episodes finish first: ``in_flight_weight_updates: false``). The fake does not learn, so no success is compared.
+set to the measured sync generation time, so generation ~ training; a weight load takes ``--load-s`` (a sleep, the
+fake's answers then report the new ``weight_version``). Sync: ``grpo.generate`` then train and load, every step.
+Async: ``AsyncCollector.take`` (max age 1) then train, then the weight load with the collector paused: running
+episodes finish first (``in_flight_weight_updates: false``), or run on through it (``true``, the third mode). The
+fake does not learn, so no success is compared.
 
-    uv run bench/async_grpo.py [--steps 6] [--latency-ms 60] [--train-s S]
+    uv run bench/async_grpo.py [--steps 6] [--latency-ms 60] [--train-s S] [--load-s 0.1]
 
-Last line: JSON with both modes' mean step time (the first step of each excluded: warm-up and the async buffer's
-first fill), the idle fractions, and ``ratio`` = async / sync (target <= 0.6 at max age 1).
+Last line: JSON with the three modes' mean step time (the first step of each excluded: warm-up and the async
+buffer's first fill), the idle fractions, ``ratio`` = async / sync (target <= 0.6 at max age 1) and
+``ratio_in_flight`` = async with in-flight updates / sync.
 """
 
 import argparse
@@ -33,11 +36,12 @@ from nemo_tau2.gym.episode_config import NemoGymEnvConfig
 TASKS = ["update_task_1", "create_task_1"]
 
 
-def _settings(steps: int, max_age: int) -> GRPOSettings:
+def _settings(steps: int, max_age: int, in_flight: bool = False) -> GRPOSettings:
     return GRPOSettings(
         num_prompts_per_step=4, num_generations_per_prompt=4, max_num_steps=steps, max_rollout_concurrency=64,
         curriculum={"enabled": False}, reward_shaping={"enabled": False},
-        async_grpo={"enabled": max_age > 0, "max_trajectory_age_steps": max(max_age, 1)},
+        async_grpo={"enabled": max_age > 0, "max_trajectory_age_steps": max(max_age, 1),
+                    "in_flight_weight_updates": in_flight},
     )  # fmt: skip
 
 
@@ -52,7 +56,12 @@ def _setup(env: Tau2Environment, generation: GenerationConfig, settings: GRPOSet
     )
 
 
-def run_sync(env, generation, steps: int, train_s: float) -> dict:
+def _load_weights(env: Tau2Environment, version: int, load_s: float) -> None:
+    time.sleep(load_s)
+    env.policy.engine.set_weight_version(version)  # the fake's answers from now on say which weights
+
+
+def run_sync(env, generation, steps: int, train_s: float, load_s: float) -> dict:
     s = _setup(env, generation, _settings(steps, max_age=0))
     step_times, generate_times = [], []
     for step in range(steps):
@@ -60,7 +69,8 @@ def run_sync(env, generation, steps: int, train_s: float) -> dict:
         groups, results, _ = grpo.generate(s, step)
         assert all(r.ok for r in results), [r.error for r in results if not r.ok]
         generate_times.append(time.perf_counter() - started)
-        time.sleep(train_s)  # train, then the weight update (instant here)
+        time.sleep(train_s)  # train
+        _load_weights(env, step + 1, load_s)
         step_times.append(time.perf_counter() - started)
     waited = [generating / step for generating, step in zip(generate_times[1:], step_times[1:], strict=True)]
     return {
@@ -71,8 +81,9 @@ def run_sync(env, generation, steps: int, train_s: float) -> dict:
     }
 
 
-def run_async(env, generation, steps: int, train_s: float, max_age: int) -> dict:
-    s = _setup(env, generation, _settings(steps, max_age))
+def run_async(env, generation, steps: int, train_s: float, load_s: float, max_age: int, in_flight: bool) -> dict:
+    s = _setup(env, generation, _settings(steps, max_age, in_flight))
+    env.policy.engine.set_weight_version(0)
     sampling = SamplingParams.from_generation(generation)
     collector = AsyncCollector(s.cfg.grpo, s.train_rows, s.curriculum, env.agent_urls, sampling, weight_version=0)
     step_times, metrics = [], []
@@ -84,7 +95,7 @@ def run_async(env, generation, steps: int, train_s: float, max_age: int) -> dict
             assert all(r.ok for r in results), [r.error for r in results if not r.ok]
             time.sleep(train_s)
             with collector.paused(step + 1):
-                pass  # the weight update (instant here)
+                _load_weights(env, step + 1, load_s)
             step_times.append(time.perf_counter() - started)
             metrics.append(collector.step_metrics())
     finally:
@@ -93,6 +104,7 @@ def run_async(env, generation, steps: int, train_s: float, max_age: int) -> dict
         "step_s": statistics.fmean(step_times[1:]),
         "trajectory_age_max": max(m["train/async/trajectory_age_max"] for m in metrics),
         "groups_dropped_for_age": sum(m["train/async/groups_dropped_for_age"] for m in metrics),
+        "groups_spanning_weight_updates": sum(m["train/async/groups_spanning_weight_updates"] for m in metrics),
         "generation_idle_fraction": statistics.fmean(m["train/async/generation_idle_fraction"] for m in metrics[1:]),
         "trainer_idle_fraction": statistics.fmean(m["train/async/trainer_idle_fraction"] for m in metrics[1:]),
     }
@@ -103,6 +115,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--latency-ms", type=float, default=60.0, help="per model call, policy and user")
     parser.add_argument("--train-s", type=float, default=None, help="default: the measured sync generation time")
+    parser.add_argument("--load-s", type=float, default=0.1, help="one weight load")
     parser.add_argument("--max-age", type=int, default=1)
     args = parser.parse_args()
     if args.steps < 2 or args.max_age < 1:
@@ -116,18 +129,26 @@ def main() -> None:
     with Tau2Environment(spec) as env:
         train_s = args.train_s
         if train_s is None:
-            train_s = run_sync(env, generation, 3, 0.0)["generation_s"]
-        sync = run_sync(env, generation, args.steps, train_s)
-        asynchronous = run_async(env, generation, args.steps, train_s, args.max_age)
-    print(f"train {train_s:.3f} s/step; sync {sync['step_s']:.3f} s/step; async {asynchronous['step_s']:.3f} s/step")
+            train_s = run_sync(env, generation, 3, 0.0, 0.0)["generation_s"]
+        sync = run_sync(env, generation, args.steps, train_s, args.load_s)
+        asynchronous = run_async(env, generation, args.steps, train_s, args.load_s, args.max_age, in_flight=False)
+        in_flight = run_async(env, generation, args.steps, train_s, args.load_s, args.max_age, in_flight=True)
+    print(f"train {train_s:.3f} s + load {args.load_s:.3f} s per step")
+    print("| mode | s/step | trainer idle | generation idle |\n|---|---|---|---|")
+    for name, mode in (("sync", sync), ("async", asynchronous), ("async, in-flight updates", in_flight)):
+        idle = f"{mode['trainer_idle_fraction']:.2f} | {mode['generation_idle_fraction']:.2f}"
+        print(f"| {name} | {mode['step_s']:.3f} | {idle} |")
     figures = {
         "latency_ms": args.latency_ms,
         "train_s": round(train_s, 4),
         "steps": args.steps,
+        "load_s": args.load_s,
         "max_age": args.max_age,
         "sync": {k: round(v, 4) for k, v in sync.items()},
         "async": {k: round(v, 4) for k, v in asynchronous.items()},
+        "async_in_flight": {k: round(v, 4) for k, v in in_flight.items()},
         "ratio": round(asynchronous["step_s"] / sync["step_s"], 3),
+        "ratio_in_flight": round(in_flight["step_s"] / sync["step_s"], 3),
         "target_ratio": 0.6,
     }
     print(json.dumps(figures))

@@ -7,9 +7,14 @@ Per domain, on the first tasks of the test split:
 - tau2's: ``AgentGymEnv.reset`` and ``.step`` (one gold tool call per step; the user simulator answers with
   litellm's offline ``mock_response``) and ``evaluate_simulation(..., ALL)`` on the same gold trajectory.
 
-    uv run bench/env_speed.py [--tasks 5] [--idle-sessions 300]
+Then, with a tau2 v1.0.1 environment (``$NEMO_TAU2_TAU2_V1_PYTHON``; ``--no-v1`` skips it), the same server on
+``tau2.version=v1.0.1`` over HTTP (its episode and scoring workers), per domain on the first test tasks the judge
+does not grade: seed, tool call and verify (without the judge) beside v0.2.1's, and the judge's added latency per
+NL task (verify of the domain's NL tasks minus the median verify without the judge; the scripted judge on 127.0.0.1).
 
-Prints a table, then a last line of JSON with both sides and the ratios (tau2 time / ours).
+    uv run bench/env_speed.py [--tasks 5] [--idle-sessions 300] [--no-v1]
+
+Prints a table, then a last line of JSON with both sides and the ratios (tau2 time / ours; v1.0.1 / v0.2.1).
 """
 
 import argparse
@@ -32,9 +37,15 @@ from tau2.gym.gym_agent import AgentGymEnv
 from nemo_tau2.gym.launch import GymServers, ServerSpec
 from nemo_tau2.gym.resources_server.bodies import verify_body
 from nemo_tau2.tau2_env import domains, prompts
+from nemo_tau2.tau2_release.client import Tau2Worker, release_python
+from nemo_tau2.tau2_release.config import NLJudgeConfig, Tau2ReleaseConfig
+from nemo_tau2.tau2_release.trajectory import Trajectory
+from nemo_tau2.testing.scripted_judge import ScriptedJudge
 
 DOMAINS = ("airline", "retail", "telecom")
 SERVER = "tau2_resources_server"
+SERVER_CLASS = "nemo_tau2.gym.resources_server.app:Tau2ResourcesServer"
+TOOL_ERROR = "X-Tau2-Tool-Error"
 
 
 def _ms(seconds: float) -> float:
@@ -57,30 +68,51 @@ async def _post(http: aiohttp.ClientSession, url: str, body, cookies) -> tuple[f
     return time.perf_counter() - start, text, cookies
 
 
-async def _measure_ours(url: str, domain: str, tasks) -> tuple[list, list, list]:
-    """As the agent server calls it: one pooled keep-alive aiohttp client, each episode's cookie passed along."""
+def gold_play(task) -> dict:
+    """A v0.2.1 task (tau2's ``Task``) or a v1.0.1 one (its JSON) as the gold calls and closing message to play."""
+    criteria = task["evaluation_criteria"] if isinstance(task, dict) else task.evaluation_criteria.model_dump()
+    actions = [{"requestor": "assistant"} | action for action in criteria.get("actions") or []]
+    text = " ".join(criteria.get("communicate_info") or []) or "done"
+    return {"id": task["id"] if isinstance(task, dict) else task.id, "actions": actions, "closing": text}
+
+
+async def _measure_ours(url: str, domain: str, tasks, with_trajectory: bool = False) -> tuple[list, list, list]:
+    """As the agent server calls it: one pooled keep-alive aiohttp client, each episode's cookie passed along
+    (``with_trajectory``: the verify carries tau2's message list, as the agent sends it for v1.0.1)."""
     seeds, calls, verifies = [], [], []
     async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as http:
         for _ in range(20):  # warm the connection pool
             async with http.get(f"{url}/") as response:
                 await response.read()
-        for task in tasks:
-            seed = {"domain": domain, "task_id": task.id}
+        for task in map(gold_play, tasks):
+            seed = {"domain": domain, "task_id": task["id"]}
             elapsed, _, cookies = await _post(http, f"{url}/seed_session", seed, None)
             seeds.append(elapsed)
-            for action in task.evaluation_criteria.actions or []:
-                route = f"/{action.name}" if action.requestor == "assistant" else f"/user_tools/{action.name}"
-                elapsed, _, cookies = await _post(http, url + route, action.arguments, cookies)
-                calls.append(elapsed)
-            texts = [" ".join(task.evaluation_criteria.communicate_info or []) or "done"]
-            elapsed, text, _ = await _post(http, f"{url}/verify", verify_body(texts), cookies)
+            trajectory = Trajectory()
+            trajectory.text("assistant", prompts.greeting())
+            trajectory.text("user", "Hello.")
+            for index, action in enumerate(task["actions"]):
+                name, requestor, arguments = action["name"], action["requestor"], action["arguments"]
+                route = f"/{name}" if requestor == "assistant" else f"/user_tools/{name}"
+                start = time.perf_counter()
+                async with http.post(url + route, json=arguments, cookies=cookies) as response:
+                    response.raise_for_status()
+                    answer = {"content": await response.text(), "error": response.headers[TOOL_ERROR] == "1"}
+                calls.append(time.perf_counter() - start)
+                trajectory.tool_call(requestor, f"c{index}", name, arguments, answer)
+            trajectory.text("assistant", task["closing"])
+            trajectory.text("user", "###STOP###")
+            body = verify_body([task["closing"]])
+            if with_trajectory:
+                body["tau2_messages"] = trajectory.messages
+            elapsed, text, _ = await _post(http, f"{url}/verify", body, cookies)
             verifies.append(elapsed)
-            assert json.loads(text)["reward"] == 1.0, (domain, task.id, text[:300])
+            assert json.loads(text)["reward"] == 1.0, (domain, task["id"], text[:300])
     return seeds, calls, verifies
 
 
-def measure_ours(url: str, domain: str, tasks) -> dict:
-    seeds, calls, verifies = asyncio.run(_measure_ours(url, domain, tasks))
+def measure_ours(url: str, domain: str, tasks, with_trajectory: bool = False) -> dict:
+    seeds, calls, verifies = asyncio.run(_measure_ours(url, domain, tasks, with_trajectory))
     return {
         "seed_ms": _ms(statistics.median(seeds)),
         "tool_call_ms": _ms(statistics.median(calls)),
@@ -160,19 +192,42 @@ def measure_tau2(domain: str, tasks) -> dict:
     }
 
 
+def _needs_judge(task: dict) -> bool:
+    criteria = task.get("evaluation_criteria") or {}
+    return "NL_ASSERTION" in (criteria.get("reward_basis") or []) and bool(criteria.get("nl_assertions"))
+
+
+def measure_v101(num_tasks: int) -> dict:
+    """The resources server on v1.0.1 over HTTP, per domain: plain tasks (no judge), then the judged ones."""
+    judge = ScriptedJudge()
+    release = Tau2ReleaseConfig(version="v1.0.1", judge=NLJudgeConfig(model="scripted-judge", base_url=judge.base_url))
+    release_python(release)  # one-line error naming the build command when there is no v1.0.1 environment
+    with Tau2Worker(release) as worker:
+        tasks = {domain: worker.request("tasks", domain=domain, split="test") for domain in DOMAINS}
+    config = {"domain": "agent", "domains": list(DOMAINS), "tau2": release.model_dump(mode="json")}
+    results = {}
+    try:
+        with GymServers([ServerSpec(SERVER, "resources_servers", "tau2", SERVER_CLASS, config)]) as servers:
+            for domain in DOMAINS:
+                plain = [task for task in tasks[domain] if not _needs_judge(task)][:num_tasks]
+                results[domain] = measure_ours(servers.url(SERVER), domain, plain, with_trajectory=True)
+                judged = [task for task in tasks[domain] if _needs_judge(task)][:num_tasks]
+                if judged:
+                    nl = measure_ours(servers.url(SERVER), domain, judged, with_trajectory=True)
+                    results[domain]["judge_added_ms"] = round(nl["verify_ms"] - results[domain]["verify_ms"], 3)
+    finally:
+        judge.close()
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", type=int, default=5, help="tasks per domain (test split order)")
     parser.add_argument("--idle-sessions", type=int, default=300)
+    parser.add_argument("--no-v1", action="store_true", help="skip tau2 v1.0.1 (needs its environment)")
     args = parser.parse_args()
 
-    spec = ServerSpec(
-        SERVER,
-        "resources_servers",
-        "tau2",
-        "nemo_tau2.gym.resources_server.app:Tau2ResourcesServer",
-        {"domain": "agent", "domains": list(DOMAINS)},
-    )
+    spec = ServerSpec(SERVER, "resources_servers", "tau2", SERVER_CLASS, {"domain": "agent", "domains": list(DOMAINS)})
     results: dict = {}
     with GymServers([spec]) as servers:
         url, pid = servers.url(SERVER), servers.pid(SERVER)
@@ -201,6 +256,17 @@ def main() -> None:
             f"{domain:8} {o['seed_ms']:9.2f} {o['tool_call_ms']:8.2f} {o['verify_ms']:10.2f} "
             f"{o['idle_session_mb']:8.3f} | {t['reset_ms']:10.1f} {t['step_ms'] or 0:8.1f} {t['evaluate_ms']:9.1f}"
         )
+    if not args.no_v1:
+        v101 = measure_v101(args.tasks)
+        print(f"{'domain':8} {'op':14} {'v0.2.1 ms':>10} {'v1.0.1 ms':>10} {'ratio':>7}   (over HTTP)")
+        for domain in DOMAINS:
+            ours = results[domain]["ours"]
+            ratio = {op: round(v101[domain][op] / ours[op], 2) for op in ("seed_ms", "tool_call_ms", "verify_ms")}
+            results[domain] |= {"v1.0.1": v101[domain], "ratio_v101_over_v021": ratio}
+            for op, value in ratio.items():
+                print(f"{domain:8} {op:14} {ours[op]:10.2f} {v101[domain][op]:10.2f} {value:7.2f}")
+            if "judge_added_ms" in v101[domain]:
+                print(f"{domain:8} {'judge_added_ms':14} {'':>10} {v101[domain]['judge_added_ms']:10.2f}")
     print(json.dumps({"benchmark": "env_speed", "tasks_per_domain": args.tasks, "results": results}))
 
 

@@ -2,6 +2,10 @@
 
 uv run examples/prepare_data.py --domains airline,retail,telecom --split train
 uv run examples/prepare_data.py --domains airline,retail,telecom --split test --output data/tau2_test.jsonl
+uv run examples/prepare_data.py --split train tau2.version=v1.0.1     # the leaderboard's release (its worker)
+
+The release is chosen by the same ``tau2`` keys as a run's config (``tau2.version``, ``tau2.python``); rows of
+v1.0.1 come from that release through its worker and carry ``tau2_version``.
 """
 
 import argparse
@@ -13,6 +17,9 @@ from pathlib import Path
 import nemo_tau2  # noqa: F401  (offline settings before tau2 loads)
 from nemo_tau2.tau2_env import domains
 from nemo_tau2.tau2_env.gym_rows import DEFAULT_AGENT_NAME, split_rows
+from nemo_tau2.tau2_release.client import Tau2WorkerError
+from nemo_tau2.tau2_release.config import release_from_overrides
+from nemo_tau2.tau2_release.rows import release_rows
 
 
 def main() -> None:
@@ -21,14 +28,20 @@ def main() -> None:
     parser.add_argument("--split", default="train", help="train | test | base (telecom also: full, small)")
     parser.add_argument("--output", help="JSONL path (default: data/tau2_<split>.jsonl)")
     parser.add_argument("--agent-name", default=DEFAULT_AGENT_NAME, help="agent_ref.name written into every row")
+    parser.add_argument("tau2", nargs="*", metavar="tau2.KEY=VALUE", help="the tau2 release (default v0.2.1)")
     args = parser.parse_args()
 
     try:
+        tau2 = release_from_overrides(args.tau2)
         domain_names = [name.strip() for name in args.domains.split(",") if name.strip()]
         skipped: list[tuple[str, str, str]] = []
-        rows = split_rows(domain_names, args.split, args.agent_name, skipped=skipped)
-    except (domains.UnknownDomainError, domains.UnknownTaskError, ValueError) as e:
-        sys.exit(f"error: {e}")
+        if tau2.version == "v0.2.1":
+            rows = split_rows(domain_names, args.split, args.agent_name, skipped=skipped)
+        else:
+            rows = release_rows(tau2, domain_names, args.split, agent_name=args.agent_name, what="--split")
+    except (domains.UnknownDomainError, domains.UnknownTaskError, ValueError, Tau2WorkerError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     for domain, task_id, reason in skipped:
         print(f"skipped {domain} task {task_id!r}: it {reason}", file=sys.stderr)
     if not rows:

@@ -10,6 +10,8 @@
 
 Filters, in order: ``--domains``, the refusal of tau2 test-split tasks (``--allow-test-split`` to override),
 ``--min-reward``, dedup of identical trajectories (``--keep-duplicates`` to keep them), ``--max-per-task``. The
+tau2 release is chosen by the same ``tau2`` keys as a run's config (``tau2.version=v1.0.1``, ``tau2.python=...``):
+every episode must be of that release (rows record it in ``tau2_version``), and its test split is the one refused. The
 output is written to a temporary file and renamed, so it is whole or absent. Errors: one line, exit 2.
 """
 
@@ -27,6 +29,8 @@ from nemo_tau2.algorithms.sft_data import (
     select_rows,
 )
 from nemo_tau2.tau2_env import DOMAINS
+from nemo_tau2.tau2_release.client import Tau2WorkerError
+from nemo_tau2.tau2_release.config import release_from_overrides
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -44,7 +48,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--domains", nargs="+", choices=DOMAINS, default=None, help="keep only these domains")
     parser.add_argument("--allow-test-split", action="store_true", help="allow tau2 test-split tasks (leaks test)")
     parser.add_argument("--keep-duplicates", action="store_true", help="keep identical trajectories")
+    parser.add_argument("tau2", nargs="*", metavar="tau2.KEY=VALUE", help="the tau2 release (default v0.2.1)")
     args = parser.parse_args(argv)
+    try:
+        args.tau2 = release_from_overrides(args.tau2)
+    except ValueError as e:
+        parser.error(str(e))
     if args.conversations is not None and not args.tokenizer:
         parser.error("--conversations needs --tokenizer (the policy whose chat template tokenizes them)")
     if args.rollouts is not None and args.tokenizer:
@@ -110,12 +119,13 @@ def main(argv: list[str]) -> int:
         if args.rollouts is not None:
             rows = rows_from_rollout_records(read_rollouts(args.rollouts), report)
         else:
-            rows = read_conversations(args.conversations, args.tokenizer, report)
+            rows = [row | {"tau2_version": args.tau2.version} for row in read_conversations(
+                args.conversations, args.tokenizer, report)]  # fmt: skip
         kept = select_rows(
             rows, report, min_reward=args.min_reward, max_per_task=args.max_per_task, domain_filter=args.domains,
-            allow_test_split=args.allow_test_split, dedup=not args.keep_duplicates,
+            allow_test_split=args.allow_test_split, dedup=not args.keep_duplicates, tau2=args.tau2,
         )  # fmt: skip
-    except SFTDataError as e:
+    except (SFTDataError, Tau2WorkerError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     args.output.parent.mkdir(parents=True, exist_ok=True)

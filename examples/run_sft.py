@@ -45,18 +45,28 @@ def _main() -> int:
     from nemo_tau2.algorithms import sft
     from nemo_tau2.algorithms.sft_data import SFTDataError, read_sft_rows
     from nemo_tau2.tau2_env.gym_rows import load_rows
+    from nemo_tau2.tau2_release.client import Tau2WorkerError
+    from nemo_tau2.tau2_release.rows import check_release, release_rows
     from nemo_tau2.testing.warm_start import build_tiny_policy
 
     training_cli.check_memory_plan(sft.plan_memory, cfg, args)
     data = cfg.data
     try:
         train_rows = read_sft_rows(data.train_data_path)
+        check_release(train_rows, cfg.tau2.version, "data.train_data_path")
         val_rows = read_sft_rows(data.val_data_path) if data.val_data_path else []
-        eval_rows = load_rows(
-            data_path=data.val_rows_path, domains_=data.domains, split=data.val_split, task_ids=data.task_ids,
-            compact=data.compact_rows, split_key="val_split", path_key="val_rows_path",
-        )  # fmt: skip
-    except (SFTDataError, ValueError, OSError) as e:  # each names its key or file and the fix
+        check_release(val_rows, cfg.tau2.version, "data.val_data_path")
+        if cfg.tau2.version != "v0.2.1" and not data.val_rows_path and data.domains:  # the release's own tasks
+            eval_rows = release_rows(
+                cfg.tau2, data.domains, data.val_split, data.task_ids, what="data", compact=data.compact_rows
+            )
+        else:
+            eval_rows = load_rows(
+                data_path=data.val_rows_path, domains_=data.domains, split=data.val_split, task_ids=data.task_ids,
+                compact=data.compact_rows, split_key="val_split", path_key="val_rows_path",
+            )  # fmt: skip
+            check_release(eval_rows, cfg.tau2.version, "data.val_rows_path")
+    except (SFTDataError, ValueError, OSError, Tau2WorkerError) as e:  # each names its key or file and the fix
         raise Stop(2, f"error: {e}") from None
     if not train_rows:
         raise Stop(2, f"error: {data.train_data_path} has no rows: nothing to train on")

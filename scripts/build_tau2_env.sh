@@ -14,7 +14,7 @@
 # with --no-deps, then the release itself, editable, so that tau2 finds its data folder beside its sources. Needs uv.
 # Idempotent: a stamp written last records what was installed; a later run with the same stamp only checks that tau2
 # imports, and a half-finished build (no stamp) starts again from nothing. Where: NEMO_TAU2_TAU2_ENV, else
-# ~/.cache/nemo-tau2/tau2-<version>-py3.12.
+# ~/.cache/nemo-tau2/tau2-<version>-py3.12-<hash of the source path or git tag>.
 set -euo pipefail
 
 REPO_URL="https://github.com/sierra-research/tau2-bench"
@@ -49,8 +49,11 @@ if [ -n "$SOURCE" ]; then
   fi
 fi
 
-ENV_DIR="${NEMO_TAU2_TAU2_ENV:-${XDG_CACHE_HOME:-$HOME/.cache}/nemo-tau2/tau2-$VERSION-py$PYTHON_VERSION}"
 ORIGIN="${SOURCE:-$REPO_URL@$VERSION}"
+# One folder per origin: the release is installed editable (its data folder lives beside its sources), so two
+# checkouts with their own --source would otherwise rebuild one shared folder under each other's running tests.
+ORIGIN_KEY="$(printf '%s' "$ORIGIN" | sha256sum | cut -c1-8)"
+ENV_DIR="${NEMO_TAU2_TAU2_ENV:-${XDG_CACHE_HOME:-$HOME/.cache}/nemo-tau2/tau2-$VERSION-py$PYTHON_VERSION-$ORIGIN_KEY}"
 STAMP="tau2 $VERSION from $ORIGIN python$PYTHON_VERSION"
 
 imports_ok() {

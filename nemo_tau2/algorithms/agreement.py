@@ -16,27 +16,41 @@ from collections.abc import Sequence
 from nemo_tau2.models.policy.data import TrainingSequence
 
 
-def generation_agreement(sequences: Sequence[TrainingSequence]) -> dict[str, float]:
+def generation_agreement(sequences: Sequence[TrainingSequence], weight_version: int | None = None) -> dict[str, float]:
     """Agreement on the policy-generated tokens of ``sequences`` (each needs ``prev_logprobs``).
+
+    With ``weight_version`` (the trainer's: the weights its ``prev_logprobs`` come from), only the turns those
+    weights sampled count (and those whose generator did not say): async GRPO's older turns differ by their
+    staleness, which is not what this checks; ``num_stale_turns`` says how many were left out. A sequence's turns
+    are its runs of policy tokens (``token_mask``), in the order of ``generation_weight_versions``.
 
     Returns:
         ``mean_abs_logprob_diff``, ``max_abs_logprob_diff``, ``token_mult_prob_error`` and ``num_tokens``
-        (no tokens: an empty dict).
+        (no tokens: only ``num_stale_turns``, when counted).
     """
     differences = []
+    stale = 0
     for index, sequence in enumerate(sequences):
         if sequence.prev_logprobs is None:
             raise ValueError(f"sequences[{index}].prev_logprobs is None: set it from Policy.get_logprobs first")
-        differences += [
-            abs(trained - generated)
-            for trained, generated, generated_here in zip(
-                sequence.prev_logprobs, sequence.generation_logprobs, sequence.token_mask, strict=True
-            )
-            if generated_here
-        ]
+        versions = sequence.generation_weight_versions
+        turn, in_turn = -1, False
+        for trained, generated, generated_here in zip(
+            sequence.prev_logprobs, sequence.generation_logprobs, sequence.token_mask, strict=True
+        ):
+            if generated_here and not in_turn:
+                turn += 1
+                if weight_version is not None and turn < len(versions) and versions[turn] != weight_version:
+                    stale += 1
+            in_turn = bool(generated_here)
+            if generated_here and (
+                weight_version is None or turn >= len(versions) or versions[turn] == weight_version
+            ):
+                differences.append(abs(trained - generated))
+    counted = {"num_stale_turns": float(stale)} if weight_version is not None else {}
     if not differences:
-        return {}
-    return {
+        return counted
+    return counted | {
         "mean_abs_logprob_diff": sum(differences) / len(differences),
         "max_abs_logprob_diff": max(differences),
         "token_mult_prob_error": sum(math.exp(d) for d in differences) / len(differences),

@@ -13,11 +13,13 @@ yet served); the collector starts a group only while the groups buffered or in f
 ahead than the staleness bound lets the trainer use, and the buffer holds at most ``num_prompts_per_step x
 (max_age + 1)`` groups.
 
-**Weight updates** (``in_flight_weight_updates: false``): :meth:`AsyncCollector.paused` stops starting groups and
-waits for the running ones to finish; the trainer loads new weights inside it, and collection resumes with the new
-version. A group's episodes all start after the previous update and end before the next, so no episode mixes
-weights. With that and the bound, every group trains within the age bound (the buffer's drop never fires); an
-episode that straddles an update (``in_flight_weight_updates: true``, per-turn weight versions) is not built yet.
+**Weight updates.** :meth:`AsyncCollector.paused` stops starting groups while the trainer loads new weights.
+Without in-flight updates it first waits for the running groups to finish: a group's episodes all start after one
+update and end before the next, no episode mixes weights, and with the bound every group trains within its age
+(the buffer's drop never fires). With ``in_flight_weight_updates`` the running episodes go on through the load:
+the servers finish each turn in progress on the old weights and answer the next ones with the new (every turn's
+``weight_version`` says which); a group is as old as its oldest turn, so one that finishes too late for the bound
+is dropped and counted.
 
 **Checkpoints.** :meth:`AsyncCollector.state_dict` (saved with each checkpoint) holds the curriculum and the prompt
 draws not yet trained (buffered, in flight or queued). Their episodes are discarded; a resumed run regenerates
@@ -44,7 +46,12 @@ from nemo_tau2.algorithms.sampling import (
     filter_generation_batch,
     score_rollouts,
 )
-from nemo_tau2.experience.rollouts import RolloutResult, SamplingParams, run_async_nemo_gym_rollout
+from nemo_tau2.experience.rollouts import (
+    RolloutResult,
+    SamplingParams,
+    run_async_nemo_gym_rollout,
+    turn_weight_versions,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +90,7 @@ class AsyncCollector:
         self._error: BaseException | None = None
         # per-step accounting, reset by take() / step_metrics()
         self._counts, self._completed, self._results = FilterCounts(), 0, []
-        self._dropped, self._ages = 0, []
+        self._dropped, self._ages, self._spanning = 0, [], 0
         self.last_taken: list[VersionedGroup] = []  # the groups of the latest take(), with versions and times
         self._generation_idle_s = self._trainer_idle_s = 0.0
         self._idle_since: float | None = time.monotonic()
@@ -148,6 +155,7 @@ class AsyncCollector:
                 self._cond.wait()
             self._next_step = step + 1
             self._ages, self.last_taken = [group.age_at(step) for group in taken], taken
+            self._spanning = sum(len(set(group.turn_weight_versions)) > 1 for group in taken)
             groups = [group.group for group in taken]
             metrics = {
                 "train/num_infra_errors": self._counts.infra_errors,
@@ -157,6 +165,7 @@ class AsyncCollector:
                 "train/dynamic_sampling/num_gen_batches": self._completed / self._per_step,
                 "train/dynamic_sampling/num_zero_variance_groups": self._counts.zero_variance_groups,
                 "train/dynamic_sampling/num_discarded_groups": 0,
+                "train/async/group_ids": [group.draw.draw_id for group in taken],  # metrics.jsonl only (not a scalar)
             }
             results, self._results, self._counts, self._completed = self._results, [], FilterCounts(), 0
             self._trainer_idle_s += time.monotonic() - started
@@ -165,13 +174,15 @@ class AsyncCollector:
 
     @contextlib.contextmanager
     def paused(self, new_weight_version: int | None = None) -> Iterator[None]:
-        """No group starts inside, and none is running: load weights (then give their version) or validate."""
+        """No group starts inside: load weights (give their version) or validate. None is running inside, except
+        for a weight load with in-flight updates (module docstring)."""
         started = time.monotonic()
+        in_flight_ok = new_weight_version is not None and self.settings.async_grpo.in_flight_weight_updates
         with self._cond:
             if new_weight_version is not None and new_weight_version <= self._version:
                 raise ValueError(f"weight version {new_weight_version} is not after {self._version}")
             self._paused = True
-            while self._in_flight:
+            while self._in_flight and not in_flight_ok:
                 self._raise_if_failed()
                 self._cond.wait()
             self._trainer_idle_s += time.monotonic() - started
@@ -187,9 +198,10 @@ class AsyncCollector:
             self._wake_collector()
 
     def step_metrics(self) -> dict[str, float]:
-        """``train/async/*`` since the previous call: the ages of the groups taken, the buffer, the groups dropped
-        for age, and the share of the time the generation side (no group running) and the trainer (waiting for
-        groups or for running episodes before a weight update) sat idle."""
+        """``train/async/*`` since the previous call: the ages of the groups taken (and how many of them ran through
+        a weight update), the buffer, the groups dropped for age, and the share of the time the generation side (no
+        group running) and the trainer (waiting for groups or for running episodes before a weight update) sat
+        idle."""
         with self._cond:
             now = time.monotonic()
             if self._idle_since is not None:
@@ -201,6 +213,7 @@ class AsyncCollector:
                 "train/async/trajectory_age_max": float(max(self._ages, default=0)),
                 "train/async/buffer_size": float(len(self._buffer)),
                 "train/async/groups_dropped_for_age": float(self._dropped),
+                "train/async/groups_spanning_weight_updates": float(self._spanning),
                 "train/async/generation_idle_fraction": min(1.0, self._generation_idle_s / window),
                 "train/async/trainer_idle_fraction": min(1.0, self._trainer_idle_s / window),
             }
@@ -312,7 +325,11 @@ class AsyncCollector:
             for name in ("infra_errors", "truncated", "zero_variance_groups"):
                 setattr(self._counts, name, getattr(self._counts, name) + getattr(counts, name))
             if groups:
-                self._buffer.push(VersionedGroup(draw, version, groups[0], results, started, time.monotonic()))
+                turns = sorted({v for result in results for v in turn_weight_versions(result.message_log)})
+                # as old as the oldest weights that sampled a turn (the version at the start if none is reported)
+                oldest = min(turns, default=version)
+                group = VersionedGroup(draw, oldest, groups[0], results, started, time.monotonic(), turns or [version])
+                self._buffer.push(group)
             self._cond.notify_all()
         assert self._wake is not None
         self._wake.set()

@@ -147,8 +147,8 @@ def setup(cfg: GRPOMasterConfig, train_rows: list[dict], val_rows: list[dict]) -
             resources,
             collector=collector,
         )
-        if latest is not None:
-            sync_weights(s)  # the generation backend must serve the resumed weights
+        if latest is not None:  # the generation backend must serve the resumed weights, labelled with their step
+            sync_policy_weights(policy, generation, cfg.checkpointing.checkpoint_dir, weight_version=start_step)
         return s
     except BaseException:
         resources.close()
@@ -218,13 +218,15 @@ def training_sequences(s: GRPOSetup, groups: list[EpisodeGroup]) -> tuple[list[T
     return sequences, metrics
 
 
-def train(s: GRPOSetup, sequences: list[TrainingSequence]) -> dict[str, float]:
-    """Attach the trainer's (and reference) logprobs, check them against the generator's (sync: the last weight
-    sync must be what generated these tokens; async: groups up to ``max_trajectory_age_steps`` old differ by that
-    staleness too, which the importance correction weighs), then one update on exactly the sampled tokens."""
+def train(s: GRPOSetup, sequences: list[TrainingSequence], step: int) -> dict[str, float]:
+    """Attach the trainer's (and reference) logprobs, check them against the generator's on the episodes its
+    current weights (those of ``step``) sampled (the last weight sync must be what generated them; async GRPO's
+    older turns differ by their staleness, which the importance correction weighs), then one update on exactly the
+    sampled tokens."""
     for sequence, logprobs in zip(sequences, s.policy.get_logprobs(sequences), strict=True):
         sequence.prev_logprobs = logprobs
-    agreement = {f"generation_agreement/{key}": value for key, value in generation_agreement(sequences).items()}
+    agreement = generation_agreement(sequences, weight_version=step)
+    agreement = {f"generation_agreement/{key}": value for key, value in agreement.items()}
     if s.policy.has_reference_model:
         for sequence, logprobs in zip(sequences, s.policy.get_reference_policy_logprobs(sequences), strict=True):
             sequence.reference_logprobs = logprobs
@@ -232,16 +234,18 @@ def train(s: GRPOSetup, sequences: list[TrainingSequence]) -> dict[str, float]:
     return {f"train/{key}": value for key, value in metrics.items()}
 
 
-def sync_weights(s: GRPOSetup, weight_version: int | None = None) -> None:
-    """Load the trainer's weights (those after ``weight_version`` steps) into the generation backend in place.
+def sync_weights(s: GRPOSetup, weight_version: int) -> None:
+    """Load the trainer's weights (those after ``weight_version`` steps, the label each completion they generate
+    reports) into the generation backend in place.
 
-    Async: the collector first stops starting episodes and lets the running ones finish (no episode mixes two
-    weight versions: ``in_flight_weight_updates: false``), then generates with the new version."""
-    if s.collector is None or weight_version is None:
-        sync_policy_weights(s.policy, s.generation, s.cfg.checkpointing.checkpoint_dir)
-        return
-    with s.collector.paused(weight_version):
-        sync_policy_weights(s.policy, s.generation, s.cfg.checkpointing.checkpoint_dir)
+    Async: the collector stops starting episodes meanwhile; without in-flight updates it first lets the running
+    ones finish (no episode mixes two weight versions), with them they run on and their later turns use the new
+    weights (a turn never mixes: the servers finish the turns in progress first)."""
+    async_grpo = s.cfg.grpo.async_grpo
+    with s.collector.paused(weight_version) if s.collector is not None else nullcontext():
+        sync_policy_weights(
+            s.policy, s.generation, s.cfg.checkpointing.checkpoint_dir, weight_version, async_grpo.recompute_kv_cache()
+        )
 
 
 def validate(s: GRPOSetup, step: int) -> dict[str, float]:
@@ -285,7 +289,7 @@ def grpo_train(s: GRPOSetup, on_step: Callable[[int, dict[str, float]], None] | 
                 groups, results, metrics = s.collector.take(step) if s.collector else generate(s, step)
             with _timed(timings, "train"):
                 sequences, advantage_metrics = training_sequences(s, groups)
-                metrics |= advantage_metrics | train(s, sequences)
+                metrics |= advantage_metrics | train(s, sequences, step)
             with _timed(timings, "weight_sync"):
                 sync_weights(s, weight_version=step + 1)
         metrics |= s.collector.step_metrics() if s.collector else {}

@@ -31,8 +31,8 @@ class _Strict(BaseModel):
 class AsyncGRPOConfig(_Strict):
     """``grpo.async_grpo``: generation overlapping training with bounded staleness (NeMo-RL's keys and defaults).
 
-    The collector and replay buffer: :mod:`nemo_tau2.algorithms.async_collector`. ``in_flight_weight_updates: true``
-    (per-turn weight versions) is not built yet and is refused (issue 24).
+    The collector and replay buffer: :mod:`nemo_tau2.algorithms.async_collector`. Each policy turn records the
+    ``weight_version`` that sampled it; a group's age counts from its oldest turn.
     """
 
     enabled: bool = Field(default=False, description="Generate the next steps' groups while the trainer trains.")
@@ -45,11 +45,19 @@ class AsyncGRPOConfig(_Strict):
     in_flight_weight_updates: bool = Field(
         default=False,
         description="New weights reach the generation servers while episodes run (the turns after the update use "
-        "them); false waits for running generations to finish first.",
+        "them; a turn in progress finishes on the weights it started with); false waits for the running episodes "
+        "to finish first.",
     )
     recompute_kv_cache_after_weight_updates: bool = Field(
-        default=False, description="Drop the generation servers' prefix (KV) cache after each weight update."
+        default=False,
+        description="With in-flight updates: drop the KV the generation servers cached from the old weights (vLLM's "
+        "prefix cache), so the episodes that run on recompute their history with the new weights; false keeps it "
+        "(faster, stale). Without in-flight updates the cache is always dropped.",
     )
+
+    def recompute_kv_cache(self) -> bool:
+        """Whether a weight update drops the KV cached from the old weights (see the two keys above)."""
+        return not self.in_flight_weight_updates or self.recompute_kv_cache_after_weight_updates
 
 
 class GRPOSettings(AdvantageConfig, SamplingConfig):
@@ -158,11 +166,6 @@ class GRPOMasterConfig(_Strict):
             problems.append(
                 "grpo.async_grpo.enabled requires loss_fn.use_importance_sampling_correction=true (trajectories "
                 "come from older weights than the trainer's)"
-            )
-        if self.grpo.async_grpo.in_flight_weight_updates:
-            problems.append(
-                "grpo.async_grpo.in_flight_weight_updates=true is not implemented yet (issue 24: per-turn weight "
-                "versions); set it to false (running episodes finish before each weight update)"
             )
         generation = self.policy.generation
         if generation is not None and generation.backend == "hf" and generation.backend_block.in_process:

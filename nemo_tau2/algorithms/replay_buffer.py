@@ -5,8 +5,8 @@ updates, which the synchronous loop would use to generate step ``s``'s batch) ma
 ``t <= s + max_trajectory_age_steps`` (NeMo-RL's ``grpo.async_grpo.max_trajectory_age_steps``). The trainer takes
 groups oldest first; a group past the bound is dropped and counted, never trained. The collector
 (:mod:`nemo_tau2.algorithms.async_collector`) admits only as many groups as the steps within the bound can take,
-so with ``in_flight_weight_updates: false`` nothing reaches the drop; the drop is the rule that holds whatever the
-producer does.
+so with ``in_flight_weight_updates: false`` nothing reaches the drop; with in-flight updates a group that runs
+on through updates can finish too old; the drop is the rule that holds whatever the producer does.
 """
 
 from dataclasses import dataclass, field
@@ -26,7 +26,9 @@ class PromptDraw:
 
 @dataclass
 class VersionedGroup:
-    """A finished, scored and filtered prompt group and the weight version every one of its episodes used."""
+    """A finished, scored and filtered prompt group: ``weight_version`` is the oldest weights any of its turns was
+    sampled with (its age counts from there), ``turn_weight_versions`` every version its turns report (several when
+    in-flight updates reached its episodes)."""
 
     draw: PromptDraw
     weight_version: int
@@ -34,6 +36,7 @@ class VersionedGroup:
     results: list[RolloutResult] = field(default_factory=list)
     started_s: float = 0.0  # time.monotonic() when its first episode started
     finished_s: float = 0.0  # ... and when its last episode finished
+    turn_weight_versions: list[int] = field(default_factory=list)
 
     def age_at(self, step: int) -> int:
         return step - self.weight_version

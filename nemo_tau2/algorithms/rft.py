@@ -63,8 +63,8 @@ def plan_memory(cfg: RFTMasterConfig) -> MemoryPlan:
 
 
 def load_rows(cfg: RFTMasterConfig) -> tuple[list[dict], list[dict]]:
-    """Training and validation rows, as GRPO's ``data`` block selects them."""
-    return training_setup.train_and_val_rows(cfg.data)
+    """Training and validation rows, as GRPO's ``data`` block selects them (of the release ``tau2`` names)."""
+    return training_setup.train_and_val_rows(cfg.data, tau2=cfg.tau2)
 
 
 def setup(cfg: RFTMasterConfig, train_rows: list[dict], val_rows: list[dict]) -> RFTSetup:
@@ -126,7 +126,7 @@ def keep(s: RFTSetup, results: list[RolloutResult]) -> tuple[list[dict], dict[st
             rows.append(row)
     kept = select_rows(
         rows, report, min_reward=rft.min_reward, max_per_task=rft.max_per_task, dedup=rft.dedup,
-        allow_test_split=rft.allow_test_split,
+        allow_test_split=rft.allow_test_split, tau2=s.cfg.tau2,
     )  # fmt: skip
     fallback = best_partial_rows(rows, results, {(row["domain"], row["task_id"]) for row in kept}, rft)
     metrics = {"rft/num_kept": float(len(kept) + len(fallback)), "rft/num_sampled": float(len(results))}

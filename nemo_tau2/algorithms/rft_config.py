@@ -18,6 +18,7 @@ from nemo_tau2.algorithms.tiny_policy import TinyPolicyConfig
 from nemo_tau2.cluster import ClusterConfig
 from nemo_tau2.evals.config import UserSimulatorConfig
 from nemo_tau2.models.policy.checkpoint import CheckpointingConfig
+from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
 
 
 class RFTSettings(BaseModel):
@@ -62,6 +63,7 @@ class RFTMasterConfig(BaseModel):
     logger: LoggerConfig = LoggerConfig(log_dir="results/rft/logs")
     cluster: ClusterConfig = ClusterConfig()
     tiny_policy: TinyPolicyConfig | None = None
+    tau2: Tau2ReleaseConfig = Field(default_factory=Tau2ReleaseConfig, description="Which tau2 release scores.")
 
     @model_validator(mode="after")
     def _consistent(self) -> "RFTMasterConfig":

@@ -15,6 +15,7 @@ from nemo_tau2.cluster import ClusterConfig
 from nemo_tau2.evals.config import UserSimulatorConfig
 from nemo_tau2.models.policy.checkpoint import CheckpointingConfig
 from nemo_tau2.tau2_env import DOMAINS
+from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
 
 
 class _Strict(BaseModel):
@@ -74,6 +75,9 @@ class SFTMasterConfig(_Strict):
     cluster: ClusterConfig = ClusterConfig()
     tiny_policy: TinyPolicyConfig | None = Field(
         default=None, description="Build a tiny model into policy.model_name if it does not exist (CPU)."
+    )
+    tau2: Tau2ReleaseConfig = Field(
+        default_factory=Tau2ReleaseConfig, description="Which tau2 release the rows and validation tasks are of."
     )
 
     @model_validator(mode="after")

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from nemo_tau2.experience.rollouts import OK, RolloutResult, message_log_from_output
 from nemo_tau2.generation.contiguity import check_contiguity
 from nemo_tau2.tau2_env import domains
+from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
 
 if TYPE_CHECKING:  # the trainer (torch, Ray) is not loaded to convert data
     from nemo_tau2.models.policy.data import TrainingSequence
@@ -63,8 +64,10 @@ def sft_row(
     reward: float | None,
     sample_index: int | None,
     source: str,
+    tau2_version: str = "v0.2.1",
 ) -> dict[str, Any]:
-    """One SFT row; ``message_log`` keeps only roles and token ids (logprobs are sampling data, not SFT data)."""
+    """One SFT row; ``message_log`` keeps only roles and token ids (logprobs are sampling data, not SFT data);
+    ``tau2_version``: the tau2 release whose task the episode played."""
     log = [{"role": m["role"], "token_ids": [int(t) for t in m["token_ids"]]} for m in message_log]
     if not any(m["role"] == "assistant" and m["token_ids"] for m in log):
         raise SFTDataError(f"{domain}/{task_id}: the episode has no assistant tokens to train on")
@@ -74,6 +77,7 @@ def sft_row(
         "sample_index": sample_index,
         "reward": reward,
         "source": source,
+        "tau2_version": tau2_version,
         "message_log": log,
         "trajectory_hash": trajectory_hash(log),
     }
@@ -90,6 +94,7 @@ def row_from_result(result: RolloutResult) -> dict[str, Any] | None:
         reward=result.reward,
         sample_index=result.sample_index,
         source="rollout",
+        tau2_version=result.tau2_version or "v0.2.1",
     )
 
 
@@ -138,6 +143,7 @@ def rows_from_rollout_records(records: Iterable[dict[str, Any]], report: Convers
                 reward=record.get("reward"),
                 sample_index=record.get("sample_index"),
                 source="rollout",
+                tau2_version=record.get("tau2_version") or "v0.2.1",
             )  # fmt: skip
         )
     return rows
@@ -243,6 +249,17 @@ def test_split_task_ids(domain: str) -> frozenset[str]:
     return frozenset(domains.task_splits(domain).get(TEST_SPLIT, ()))
 
 
+def _test_split_ids(tau2: Tau2ReleaseConfig, domains_: list[str]) -> dict[str, frozenset[str]]:
+    """The release's test split of each domain: v0.2.1's in process, another release's from its worker."""
+    if not domains_:
+        return {}
+    if tau2.version == "v0.2.1":
+        return {domain: test_split_task_ids(domain) for domain in domains_}
+    from nemo_tau2.tau2_release.rows import release_split_ids
+
+    return release_split_ids(tau2, domains_, TEST_SPLIT)
+
+
 def select_rows(
     rows: Iterable[dict[str, Any]],
     report: ConversionReport,
@@ -252,30 +269,42 @@ def select_rows(
     domain_filter: Sequence[str] | None = None,
     allow_test_split: bool = False,
     dedup: bool = True,
+    tau2: Tau2ReleaseConfig | None = None,
 ) -> list[dict[str, Any]]:
     """Filter rows in order: domain, test-split refusal, minimum reward, identical trajectories, cap per task.
+    ``tau2``: the release the rows must be of (v0.2.1 by default), whose test split is refused.
 
     Raises:
         SFTDataError: A row is a tau2 test-split task and ``allow_test_split`` is False (training on it would make
-            the test score meaningless); the message names the task and the flag.
+            the test score meaningless); the message names the task and the flag. Or a row is of another tau2
+            release than ``tau2.version``.
     """
+    tau2 = tau2 or Tau2ReleaseConfig()
+    selected = []
+    for row in rows:
+        if domain_filter is not None and row["domain"] not in domain_filter:
+            report.skip("domain not selected")
+        else:
+            selected.append(row)
+    rows = selected
+    for row in rows:
+        if row.get("tau2_version", "v0.2.1") != tau2.version:
+            raise SFTDataError(
+                f"{row['domain']} task {row['task_id']} was played on tau2 {row.get('tau2_version', 'v0.2.1')}, not "
+                f"tau2.version {tau2.version}: set tau2.version to the release the episodes played"
+            )
+    tau2_domains = [] if allow_test_split else sorted({row["domain"] for row in rows} & set(domains.DOMAINS))
+    test_ids = _test_split_ids(tau2, tau2_domains)
     kept: list[dict[str, Any]] = []
     seen: set[str] = set()
     per_task: Counter = Counter()
-    test_ids: dict[str, frozenset[str]] = {}
     for row in rows:
         domain, task_id = row["domain"], row["task_id"]
-        if domain_filter is not None and domain not in domain_filter:
-            report.skip("domain not selected")
-            continue
-        if domain in domains.DOMAINS and not allow_test_split:
-            if domain not in test_ids:
-                test_ids[domain] = test_split_task_ids(domain)
-            if task_id in test_ids[domain]:
-                raise SFTDataError(
-                    f"{domain} task {task_id} is in tau2's test split: training on it leaks the test set; pass "
-                    "--allow-test-split if that is what you want"
-                )
+        if task_id in test_ids.get(domain, ()):
+            raise SFTDataError(
+                f"{domain} task {task_id} is in tau2 {tau2.version}'s test split: training on it leaks the test set; "
+                "pass --allow-test-split if that is what you want"
+            )
         if min_reward is not None and (row.get("reward") is None or row["reward"] < min_reward):
             report.skip(f"reward below {min_reward}")
             continue

@@ -134,16 +134,25 @@ def start_rollout_stack(
     return generation, environment
 
 
-def sync_policy_weights(policy: Policy, generation: GenerationHandle, scratch_dir: str | Path) -> None:
-    """Load the trainer's weights into the generation backend in place (no restart).
+def sync_policy_weights(
+    policy: Policy,
+    generation: GenerationHandle,
+    scratch_dir: str | Path,
+    weight_version: int | None = None,
+    recompute_kv_cache: bool = True,
+) -> None:
+    """Load the trainer's weights into the generation backend in place (no restart), labelled ``weight_version``
+    (the trainer step that made them: each completion they generate reports it); ``recompute_kv_cache`` False
+    keeps the KV the servers cached from the old weights (see ``GenerationHandle.update_weights``).
 
     Both ways take the same gathered stream of full tensors: copied straight into the in-process engine, or
     written as safetensors files (under ``scratch_dir``) a server reloads (vLLM, hf subprocess)."""
+    labels = {"weight_version": weight_version, "recompute_kv_cache": recompute_kv_cache}
     if generation.engine is not None:  # hf in this process: copy tensors as they are gathered
-        generation.update_weights(policy.stream_weights_for_generation())
+        generation.update_weights(policy.stream_weights_for_generation(), **labels)
     else:  # a generation server in another process (vLLM, hf subprocess): through a checkpoint directory
         directory = Path(scratch_dir) / "weights_for_generation"
-        generation.update_weights(checkpoint_dir=str(policy.save_hf_model(directory)))
+        generation.update_weights(checkpoint_dir=str(policy.save_hf_model(directory)), **labels)
 
 
 def rollout_pass_metrics(results: list[RolloutResult], n: int, seed: int, prefix: str) -> dict[str, float]:

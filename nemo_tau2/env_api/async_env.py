@@ -40,6 +40,7 @@ from nemo_tau2.gym.agent.user_simulator import UserSimulator
 from nemo_tau2.gym.http_client import GymHttpClient, InfrastructureError, RetryConfig
 from nemo_tau2.tau2_env import domains
 from nemo_tau2.tau2_env.gym_rows import task_row
+from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +66,8 @@ class AsyncTau2Env:
         gym_servers: play against running Gym servers (a tau2 resources server and the user's model server)
             instead of in process.
         http: a connection pool to share between environments; None makes one per environment.
+        tau2: the tau2 release (the run configs' ``tau2`` block); Tau2Env plays v0.2.1 only (it runs tau2's
+            environment and reward in this process) and refuses another release in one line naming the key.
     """
 
     def __init__(
@@ -85,7 +88,14 @@ class AsyncTau2Env:
         user_endpoint: GenerationHandle | None = None,
         gym_servers: GymServerUrls | None = None,
         http: GymHttpClient | None = None,
+        tau2: Tau2ReleaseConfig | dict | None = None,
     ):
+        release = Tau2ReleaseConfig.model_validate(tau2 or {})
+        if release.version != "v0.2.1":
+            raise ValueError(
+                f"tau2.version {release.version}: Tau2Env runs tau2 in this process, which is v0.2.1 only; play it "
+                f"through the Gym servers (run_eval.py / run_grpo.py with tau2.version={release.version})"
+            )
         given = {
             "max_steps": max_steps,
             "max_errors": max_errors,

@@ -1,8 +1,8 @@
 """The two parties an environment episode needs besides the policy, in process or on running Gym servers.
 
 - the tau2 session: :class:`LocalTau2Session` runs the resources server's own session code
-  (:func:`~nemo_tau2.gym.resources_server.app.start_episode`, ``Episode.call_tool``,
-  :func:`~nemo_tau2.gym.resources_server.app.score_episode`) in this process; the agent server's
+  (:func:`~nemo_tau2.gym.resources_server.in_process.start_episode`, ``Episode.call_tool``,
+  :func:`~nemo_tau2.gym.resources_server.in_process.score_episode`) in this process; the agent server's
   :class:`~nemo_tau2.gym.agent.resources_client.HttpTau2Session` talks to a running resources server;
 - the user model: :class:`EndpointUserModel` sends the user simulator's Responses requests to an OpenAI-compatible
   endpoint through ``fast_vllm_model``'s request path (:class:`~nemo_tau2.gym.model_server.endpoint.ChatEndpoint`)
@@ -20,7 +20,7 @@ from nemo_tau2.gym.model_server.app import FastVLLMModelConfig
 from nemo_tau2.gym.model_server.conversion import BadRequest
 from nemo_tau2.gym.model_server.endpoint import ChatEndpoint, EndpointError
 from nemo_tau2.gym.model_server.routing import ReplicaRouter
-from nemo_tau2.gym.resources_server.app import call_tool, score_episode, start_episode
+from nemo_tau2.gym.resources_server.in_process import call_tool, score_episode, start_episode
 from nemo_tau2.gym.stack import USER_MODEL, ModelEndpoint, model_server_spec
 from nemo_tau2.tau2_env import domains
 from nemo_tau2.tau2_env.episode import Episode

@@ -41,11 +41,14 @@ class GenerationRequest:
 
 @dataclass
 class GenerationResult:
-    """Generated tokens (stop token included, as vLLM does), their text without special tokens, and why it ended."""
+    """Generated tokens (stop token included, as vLLM does), their text without special tokens, and why it ended;
+    ``weight_version``: the label of the weights that generated every one of them (an engine never switches
+    weights within a completion), 0 for an engine whose weights never change."""
 
     tokens: list[GeneratedToken]
     text: str
     finish_reason: Literal["stop", "length"]
+    weight_version: int = 0
 
 
 class Engine(Protocol):

@@ -142,8 +142,11 @@ class HFEngine:
 
     # ---- weights ---------------------------------------------------------------------------------------------
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor] | WeightStream) -> int:
-        """Copy new weights into the served model in place once the rows in flight are done; returns the version.
+    def update_weights(
+        self, state_dict: Mapping[str, torch.Tensor] | WeightStream, weight_version: int | None = None
+    ) -> int:
+        """Copy new weights into the served model in place once the rows in flight are done; returns the version:
+        ``weight_version`` when given (the trainer labels weights with its step), else one more than before.
 
         ``state_dict`` is a mapping or a :class:`WeightStream` (tensors arriving one by one from a sharded trainer).
         Every parameter and buffer of the model must be named with its shape, and this is checked before anything
@@ -152,11 +155,11 @@ class HFEngine:
         """
         self._no_update_pending.clear()  # the worker stops admitting requests and releases the lock when idle
         try:
-            return self._copy_weights(WeightStream.of(state_dict))
+            return self._copy_weights(WeightStream.of(state_dict), weight_version)
         finally:
             self._no_update_pending.set()
 
-    def _copy_weights(self, stream: WeightStream) -> int:
+    def _copy_weights(self, stream: WeightStream, weight_version: int | None) -> int:
         with self.weights_lock:
             current = self.model.state_dict()
             missing = sorted(set(current) - set(stream.shapes))
@@ -182,14 +185,14 @@ class HFEngine:
             if copied != set(current):
                 raise EngineError(f"weight stream ended without {sorted(set(current) - copied)[:5]}")
             self.weights_torn = False
-            self.weight_version += 1
+            self.weight_version = self.weight_version + 1 if weight_version is None else weight_version
             logger.info("hf engine %s: weights updated to version %d", self.model_name, self.weight_version)
             return self.weight_version
 
-    def update_weights_from_checkpoint(self, checkpoint_dir: str) -> int:
+    def update_weights_from_checkpoint(self, checkpoint_dir: str, weight_version: int | None = None) -> int:
         """Load a ``save_pretrained`` directory and copy its weights in (see :meth:`update_weights`)."""
         loaded = AutoModelForCausalLM.from_pretrained(checkpoint_dir, local_files_only=True, dtype=self.model.dtype)
-        return self.update_weights(loaded.state_dict())
+        return self.update_weights(loaded.state_dict(), weight_version)
 
     def close(self) -> None:
         """Stop the worker thread once the rows in flight are done; requests still queued fail."""
@@ -317,4 +320,9 @@ class HFEngine:
             top = [TokenLogprob(i, self._text_of(i), lp) for i, lp in output.top[step]] if output.top else []
             tokens.append(GeneratedToken(token_id=token_id, text=self._text_of(token_id), logprob=logprob, top=top))
         text = self.tokenizer.decode(output.token_ids, skip_special_tokens=True)
-        return GenerationResult(tokens=tokens, text=text, finish_reason=output.finish_reason)  # type: ignore[arg-type]
+        return GenerationResult(  # under weights_lock: no update can change the version of a busy period
+            tokens=tokens,
+            text=text,
+            finish_reason=output.finish_reason,
+            weight_version=self.weight_version,  # type: ignore[arg-type]
+        )

@@ -2,8 +2,9 @@
 
 In-process, the trainer keeps a handle on the :class:`~nemo_tau2.generation.hf_engine.HFEngine` and pushes a
 state dict after each step. Standalone (``python -m nemo_tau2.generation.hf_server --model DIR``), weights are
-updated over HTTP from a checkpoint directory: ``POST /update_weights {"checkpoint_dir": DIR}`` answers
-``{"weight_version": n}`` once the new weights serve. Both modes also expose that route.
+updated over HTTP from a checkpoint directory: ``POST /update_weights {"checkpoint_dir": DIR, "weight_version": n}``
+(``n`` optional: the label completions of these weights report) answers ``{"weight_version": n}`` once the new
+weights serve. Both modes also expose that route.
 """
 
 import argparse
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import torch
 from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from nemo_tau2.generation.config import HfConfig
@@ -36,6 +37,7 @@ class UpdateWeightsRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     checkpoint_dir: str
+    weight_version: int | None = Field(default=None, ge=0)
 
 
 def weight_update_routes(engine: HFEngine):
@@ -47,7 +49,7 @@ def weight_update_routes(engine: HFEngine):
             if not Path(body.checkpoint_dir).is_dir():
                 raise BadRequestError(f"checkpoint_dir: {body.checkpoint_dir!r} is not a directory")
             try:
-                version = engine.update_weights_from_checkpoint(body.checkpoint_dir)
+                version = engine.update_weights_from_checkpoint(body.checkpoint_dir, body.weight_version)
             except (OSError, ValueError) as e:
                 raise BadRequestError(f"checkpoint_dir: cannot load weights from {body.checkpoint_dir!r}: {e}") from e
             return {"weight_version": version}

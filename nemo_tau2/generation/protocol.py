@@ -227,7 +227,8 @@ def chat_completion_response(
     parsed: ParsedOutput,
     logprobs: list[dict[str, Any]] | None,
 ) -> dict[str, Any]:
-    """The `chat.completion` body: one choice, token ids at the top level and on the choice (vLLM >= 0.10.2)."""
+    """The `chat.completion` body: one choice, token ids at the top level and on the choice (vLLM >= 0.10.2), and
+    the label of the weights that generated it (``weight_version``, as our vLLM server reports it)."""
     finish_reason = "tool_calls" if parsed.tool_calls else result.finish_reason
     completion_ids = [token.token_id for token in result.tokens]
     return {
@@ -250,6 +251,7 @@ def chat_completion_response(
             "total_tokens": len(prompt_ids) + len(completion_ids),
         },
         "prompt_token_ids": prompt_ids,
+        "weight_version": result.weight_version,
     }
 
 

@@ -266,6 +266,8 @@ class VllmReplicas:
             what=f"vLLM replica {index}",
             alive=self.processes[index].exit_reason,
         )
+        # vLLM labels its starting weights "default"; completions report the label as ``weight_version`` (an int)
+        _post_json(f"{self.roots[index]}/update_weight_version", {"new_version": str(self.weight_version)}, 60.0)
 
     def check_checkpoint(self, checkpoint_dir: str) -> Layout:
         """The folder's layout if vLLM can load all of it in place; else :class:`WeightUpdateError`, nothing sent."""
@@ -281,8 +283,17 @@ class VllmReplicas:
             )
         return layout
 
-    def update_weights_from_checkpoint(self, checkpoint_dir: str, timeout_s: float = 600.0) -> int:
-        """Serve the weights of a ``save_pretrained`` folder on every replica, in place; returns the new version.
+    def update_weights_from_checkpoint(
+        self,
+        checkpoint_dir: str,
+        weight_version: int | None = None,
+        *,
+        reset_prefix_cache: bool = True,
+        timeout_s: float = 600.0,
+    ) -> int:
+        """Serve the weights of a ``save_pretrained`` folder on every replica, in place; returns the new version
+        (``weight_version``, the label every completion of these weights reports, or one more than the last).
+        ``reset_prefix_cache`` False keeps the KV cached from the old weights (see ``GenerationHandle``).
 
         Raises:
             WeightUpdateError: The folder was refused before anything was sent (the old weights keep serving), or
@@ -290,7 +301,7 @@ class VllmReplicas:
         """
         path = os.path.abspath(checkpoint_dir)
         layout = self.check_checkpoint(path)
-        version = self.weight_version + 1
+        version = self.weight_version + 1 if weight_version is None else weight_version
         step = "pause"
         try:
             for root in self.roots:
@@ -301,7 +312,8 @@ class VllmReplicas:
                 _post_json(f"{root}/collective_rpc", rpc, timeout_s)
             step = "reset_prefix_cache"
             for root in self.roots:
-                _post_json(f"{root}/reset_prefix_cache", None, 60.0)
+                if reset_prefix_cache:
+                    _post_json(f"{root}/reset_prefix_cache", None, 60.0)
                 _post_json(f"{root}/update_weight_version", {"new_version": str(version)}, 60.0)
             step = "resume"
             for root in self.roots:

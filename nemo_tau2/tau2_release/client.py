@@ -127,17 +127,33 @@ class Tau2Worker:
         raise Tau2WorkerError(f"tau2 {self.config.version} {op} failed: {error}")
 
     def verify(self, episode_id: str, messages: list[dict], termination_reason: str) -> dict:
-        """The release's reward for the episode, the judge retried up to ``judge.max_attempts`` times."""
+        """The release's reward for a live episode (the worker drops it once scored), judge retried."""
+        return self._judged(
+            "verify", episode_id, episode_id=episode_id, messages=messages, termination_reason=termination_reason
+        )
+
+    def score(self, domain: str, task_id: str, messages: list[dict], termination_reason: str) -> dict:
+        """The release's reward for a trajectory of the task, judge retried. Stateless (no episode of this
+        worker's), so a worker of its own can score while another serves the episodes' tool calls."""
+        return self._judged(
+            "evaluate",
+            f"{domain} task {task_id}",
+            domain=domain,
+            task_id=task_id,
+            messages=messages,
+            termination_reason=termination_reason,
+        )
+
+    def _judged(self, op: str, what: str, **args: Any) -> dict:
+        """``op`` tried up to ``judge.max_attempts`` times while the judge faults: each try a whole, safe re-grade."""
         attempts = self.config.judge.max_attempts
         for attempt in range(1, attempts + 1):
             try:
-                return self.request(
-                    "verify", episode_id=episode_id, messages=messages, termination_reason=termination_reason
-                )
+                return self.request(op, **args)
             except Tau2JudgeError as e:
                 if attempt == attempts:
                     raise Tau2JudgeError(f"{e} (after {attempts} attempts)") from e
-                logger.warning("episode %s: %s; grading again (%d of %d)", episode_id, e, attempt + 1, attempts)
+                logger.warning("%s: %s; grading again (%d of %d)", what, e, attempt + 1, attempts)
         raise AssertionError("unreachable")
 
     def close(self) -> None:

@@ -1,8 +1,8 @@
 """The ``tau2`` block of a run's config: which tau2 release scores it, where that release lives, and its NL judge."""
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 #: tau2 v1.0.1's ``DEFAULT_LLM_NL_ASSERTIONS`` (``tau2/config.py``): the judge the leaderboard's scores use.
 TAU2_DEFAULT_JUDGE_MODEL = "gpt-4.1-2025-04-14"
@@ -41,3 +41,24 @@ class Tau2ReleaseConfig(BaseModel):
         "null: $NEMO_TAU2_TAU2_V1_PYTHON.",
     )
     judge: NLJudgeConfig = Field(default_factory=NLJudgeConfig, description="v1.0.1's NL-assertion judge.")
+
+
+def release_from_overrides(overrides: list[str]) -> Tau2ReleaseConfig:
+    """The ``tau2`` block from a script's ``tau2.KEY=VALUE`` arguments (``tau2.version=v1.0.1``, ``tau2.python=...``,
+    ``tau2.judge.model=...``): the same keys as a run's config. Raises ``ValueError``, one line naming the key."""
+    block: dict[str, Any] = {}
+    for override in overrides:
+        key, equals, value = override.partition("=")
+        if not equals or not key.startswith("tau2.") or not key.removeprefix("tau2."):
+            raise ValueError(f"{override!r}: expected tau2.KEY=VALUE (e.g. tau2.version=v1.0.1)")
+        *parents, leaf = key.removeprefix("tau2.").split(".")
+        node = block
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[leaf] = value
+    try:
+        return Tau2ReleaseConfig.model_validate(block)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(["tau2", *(str(part) for part in first["loc"])])
+        raise ValueError(f"{where}: {first['msg']}") from None

@@ -80,3 +80,9 @@ def release_rows(
     if wanted is not None and (missing := wanted - {row["task_id"] for row in rows}):
         raise ValueError(f"{what}.task_ids: not in tau2 {config.version}'s {split} split: {sorted(missing)}")
     return rows
+
+
+def release_split_ids(config: Tau2ReleaseConfig, domains_: list[str], split: str) -> dict[str, frozenset[str]]:
+    """Per domain, the ids of the release's ``split`` (empty where the domain has none), from one worker."""
+    with Tau2Worker(config) as worker:
+        return {domain: frozenset(worker.request("splits", domain=domain).get(split, ())) for domain in domains_}

@@ -116,3 +116,6 @@ class ControlRequest(BaseModel):
     tau2: Tau2ScriptsConfig | None = Field(None, description="replace how tau2 keys are played")
     reset_stats: bool = False
     reset_conversations: bool = Field(False, description="forget every key's first request (turn bases)")
+    weight_version: int | None = Field(
+        None, ge=0, description="the label completions report from now on, as if new weights had loaded"
+    )

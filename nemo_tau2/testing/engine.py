@@ -86,6 +86,7 @@ class FakeEngine:
         self.tracker = TurnTracker()
         self.faults = FaultInjector()
         self.stats = FakeStats()
+        self.weight_version = 0
 
     # ----------------------------------------------------------------------------------------------- control
 
@@ -110,6 +111,8 @@ class FakeEngine:
             self.stats = FakeStats()
         if control.reset_conversations:
             self.tracker.clear()
+        if control.weight_version is not None:
+            self.weight_version = control.weight_version
 
     # ------------------------------------------------------------------------------------------------- keys
 
@@ -172,6 +175,7 @@ class FakeEngine:
                 "completion_tokens": len(generated),
                 "total_tokens": prompt_tokens + len(generated),
             },
+            "weight_version": self.weight_version,  # read when the answer is made: after the latency, as generated
         }
         if with_token_ids:
             completion["prompt_token_ids"] = orjson.Fragment(prompt.json())

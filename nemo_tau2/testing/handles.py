@@ -62,6 +62,10 @@ class FakeServerHandle(ABC):
     def set_latency(self, latency_ms: float) -> None:
         self.control(ControlRequest(latency_ms=latency_ms))
 
+    def set_weight_version(self, version: int) -> None:
+        """Completions from now on report ``weight_version`` = ``version`` (a stand-in for a weight update)."""
+        self.control(ControlRequest(weight_version=version))
+
     def set_prefix_correction(self, enabled: bool) -> None:
         """Honour (True) or ignore (False) token ids carried on assistant messages, as NeMo-RL's vLLM / stock vLLM."""
         self.control(ControlRequest(prefix_correction=enabled))

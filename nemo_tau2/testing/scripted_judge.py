@@ -4,7 +4,9 @@ Only the judge's behaviour is scripted: every expected outcome in tau2's judge p
 conversation contains ``fail_marker`` (case-insensitive); the answer is tau2's format
 (``{"results": [{"expectedOutcome", "reasoning", "metExpectation"}]}``). ``inject(fault, count, when)`` makes it
 do what a real judge endpoint can do, for the next ``count`` requests (those whose prompt contains ``when``):
-``http_500``, ``invalid_json``, ``empty_results`` (then it answers properly again).
+``http_500``, ``invalid_json``, ``empty_results`` (then it answers properly again). ``hold(when)`` makes it a
+slow judge on the tests' cue: requests whose prompt contains ``when`` wait, once received (``holding`` is set), until
+``release()``.
 """
 
 import ast
@@ -30,12 +32,17 @@ def verdict(prompt: str, fail_marker: str = DEFAULT_FAIL_MARKER) -> dict:
 class ScriptedJudge:
     """The judge server; ``base_url`` is what ``tau2.judge.base_url`` takes. ``close()`` stops it."""
 
+    MAX_HOLD_S = 120.0  # a held request answers after this even if nobody releases it
+
     def __init__(self, fail_marker: str = DEFAULT_FAIL_MARKER):
         self.fail_marker = fail_marker
         self.fault: str | None = None
         self.fault_count = 0
         self.fault_when = ""
         self.requests = 0
+        self.holding = threading.Event()  # a held request has been received and waits for release()
+        self._gate: threading.Event | None = None
+        self._gate_when = ""
         judge = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -46,6 +53,10 @@ class ScriptedJudge:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 judge.requests += 1
                 prompt = body["messages"][-1]["content"]
+                gate = judge._gate
+                if gate is not None and judge._gate_when in prompt:
+                    judge.holding.set()
+                    gate.wait(judge.MAX_HOLD_S)
                 fault = judge.fault if judge.fault_count > 0 and judge.fault_when in prompt else None
                 if fault:
                     judge.fault_count -= 1
@@ -82,6 +93,18 @@ class ScriptedJudge:
         """The next ``count`` requests whose prompt contains ``when`` (any request: "") get ``fault``."""
         self.fault, self.fault_count, self.fault_when = fault, count, when
 
+    def hold(self, when: str = "") -> None:
+        """Requests whose prompt contains ``when`` (any request: "") wait until :meth:`release`."""
+        self.holding.clear()
+        self._gate, self._gate_when = threading.Event(), when
+
+    def release(self) -> None:
+        """Held requests answer now, and later ones are not held."""
+        gate, self._gate = self._gate, None
+        if gate is not None:
+            gate.set()
+
     def close(self) -> None:
+        self.release()
         self._server.shutdown()
         self._server.server_close()

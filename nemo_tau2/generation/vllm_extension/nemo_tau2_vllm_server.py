@@ -16,11 +16,16 @@ prompt, which chat completions and ``/tokenize`` share (so both always give the 
   model servers turn into a truncated episode (never an infrastructure error).
 - **400s naming the field** for ids that are not a list of ints, ids past the vocabulary (which would otherwise
   reach the embedding), and a splice that cannot apply.
+- **``weight_version``** on each chat completion: the label (``/update_weight_version``) of the weights that
+  generated it, from the engine's own per-token record (``CompletionOutput.weight_versions``). Async GRPO trains each
+  turn knowing which weights sampled it; a completion that straddled an update (which ``/pause?mode=wait`` rules
+  out) reports the first, and logs it.
 
-vLLM builds its renderer inside ``init_app_state``; we give that module our subclass before the server starts,
-and check that the module still has the name we replace, so a vLLM whose layout moved fails at start with a clear
-message rather than serving without the splice. This file runs in vLLM's environment (Python 3.11 for vLLM's
-CPU build): it imports vLLM, the standard library and ``nemo_tau2_token_splice``, never ``nemo_tau2``.
+vLLM builds its renderer and its chat serving inside ``init_app_state``; we give those modules our subclasses
+before the server starts, and check that they still have the names we replace, so a vLLM whose layout moved fails
+at start with a clear message rather than serving without the splice. This file runs in vLLM's environment
+(Python 3.11 for vLLM's CPU build): it imports vLLM, the standard library and ``nemo_tau2_token_splice``, never
+``nemo_tau2``.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import Any
 
 import nemo_tau2_token_splice as splice
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
 from vllm.exceptions import VLLMValidationError
 from vllm.logger import init_logger
 from vllm.renderers.online_renderer import OnlineRenderer
@@ -122,6 +128,37 @@ class TokenFaithfulRenderer(OnlineRenderer):
             setattr(request, field, min(value, room))
 
 
+class VersionReportingChat(OpenAIServingChat):
+    """vLLM's chat completions with ``weight_version`` added to each full (non-streamed) response."""
+
+    async def chat_completion_full_generator(self, request: Any, result_generator: Any, *args: Any, **kwargs: Any):
+        final: list[Any] = []
+
+        async def remembered() -> Any:
+            async for output in result_generator:
+                final[:] = [output]
+                yield output
+
+        response = await super().chat_completion_full_generator(request, remembered(), *args, **kwargs)
+        version = _weight_version(final[0]) if final and hasattr(response, "choices") else None
+        if version is not None:
+            response.weight_version = version  # the response model allows extra fields
+        return response
+
+
+def _weight_version(output: Any) -> int | None:
+    """The integer label of the weights that sampled the first choice's tokens (None: unlabelled)."""
+    spans = getattr(output.outputs[0], "weight_versions", None) if output.outputs else None
+    if not spans:
+        return None
+    if len({span.version for span in spans}) > 1:
+        logger.warning("a completion was sampled by several weight versions: %s", spans)
+    try:
+        return int(spans[0].version)
+    except ValueError:
+        return None
+
+
 def _take_max_tokens(request: ChatCompletionRequest) -> tuple[str, int] | None:
     """Remove the requested output length from ``request`` for rendering (vLLM refuses prompt + it > context)."""
     for field in ("max_completion_tokens", "max_tokens"):
@@ -145,6 +182,11 @@ def install() -> None:
     if not vllm.__version__.startswith(SUPPORTED_VLLM):
         logger.warning("nemo_tau2_vllm_server was written for vLLM %sx; this is %s", SUPPORTED_VLLM, vllm.__version__)
     app_state.OnlineRenderer = TokenFaithfulRenderer
+    from vllm.entrypoints.openai.chat_completion import serving as chat_serving
+
+    if getattr(chat_serving, "OpenAIServingChat", None) is not OpenAIServingChat:
+        raise SystemExit(f"nemo_tau2_vllm_server: vLLM {vllm.__version__} moved its chat serving class")
+    chat_serving.OpenAIServingChat = VersionReportingChat
 
 
 def main() -> None:

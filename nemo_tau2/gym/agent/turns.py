@@ -12,6 +12,8 @@ from nemo_tau2.gym.agent.tool_calls import ParsedCall, calls_from_text, parse_ar
 from nemo_tau2.json_arguments import json_arguments
 
 TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
+GENERATION_FIELDS = (*TOKEN_FIELDS, "weight_version")
+"""What a policy turn's last output item says about its generation: the token fields and which weights sampled them."""
 
 
 @dataclass
@@ -72,7 +74,7 @@ def read_turn(body: dict, lenient: bool) -> Turn:
 def _text_calls_as_items(items: list[dict], parsed: list[ParsedCall], leftover: str, truncated: bool) -> Turn:
     """Calls the policy wrote as text become function_call items, so history shows them as calls; the turn's
     token ids move to the new last item (they describe the whole generation either way)."""
-    token_fields = {key: items[-1][key] for key in TOKEN_FIELDS if key in items[-1]} if items else {}
+    token_fields = {key: items[-1][key] for key in GENERATION_FIELDS if key in items[-1]} if items else {}
     kept = [item for item in items if item.get("type") not in ("message",)]
     if leftover:
         kept.append(
@@ -99,7 +101,7 @@ def _text_calls_as_items(items: list[dict], parsed: list[ParsedCall], leftover: 
         )
         calls.append((call_id, call))
     for item in kept:
-        for key in TOKEN_FIELDS:
+        for key in GENERATION_FIELDS:
             item.pop(key, None)
     kept[-1].update(token_fields)
     return Turn(kept, leftover, calls, truncated)

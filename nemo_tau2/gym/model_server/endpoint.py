@@ -111,11 +111,14 @@ class ChatEndpoint:
         prompt_ids = completion.get("prompt_token_ids")
         if prompt_ids is None:
             prompt_ids = await self._tokenize(request, base_url)
-        return {
+        fields = {
             "prompt_token_ids": prompt_ids,
             "generation_token_ids": generated,
             "generation_log_probs": [entry["logprob"] for entry in logprobs],
         }
+        if isinstance(completion.get("weight_version"), int):  # which weights sampled them (our servers say)
+            fields["weight_version"] = completion["weight_version"]
+        return fields
 
     async def _tokenize(self, request: dict, base_url: str) -> list[int]:
         """The prompt ids from ``/tokenize`` (endpoints older than vLLM 0.10.2)."""

@@ -35,25 +35,24 @@ from nemo_gym.base_resources_server import (
 )
 from nemo_gym.server_utils import SESSION_ID_KEY
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator
-from tau2.data_model.message import ToolMessage
 
 from nemo_tau2.gym.config_keys import GymInstanceConfigMixin, RequestLimitsMixin
 from nemo_tau2.gym.fast_middleware import FastMiddlewareMixin
+from nemo_tau2.gym.resources_server.in_process import call_tool, score_episode, start_episode
 from nemo_tau2.gym.resources_server.release import WorkerEpisode, WorkerRelease
 from nemo_tau2.gym.resources_server.replay import RecordedAnswer, describe, fingerprint, idempotency_key
+from nemo_tau2.gym.resources_server.scoring import InFlightScorings
 from nemo_tau2.gym.resources_server.sessions import Session, SessionStore, TooManySessionsError
 from nemo_tau2.gym.task_fields import Tau2TaskFields
-from nemo_tau2.json_arguments import find_lone_surrogate
 from nemo_tau2.tau2_env import DOMAINS, domains, prompts
 from nemo_tau2.tau2_env.episode import Episode, Requestor
-from nemo_tau2.tau2_env.reward import NLAssertionsNotEvaluatedError, evaluate_episode
+from nemo_tau2.tau2_env.reward import NLAssertionsNotEvaluatedError
 from nemo_tau2.tau2_release.client import Tau2JudgeError, Tau2RequestError, Tau2WorkerError
 from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
 
 logger = logging.getLogger(__name__)
 
 TOOL_ERROR_HEADER = "X-Tau2-Tool-Error"
-ASSUMED_TERMINATION = "agent_stop"
 
 
 class Tau2ResourcesServerConfig(GymInstanceConfigMixin, RequestLimitsMixin, BaseResourcesServerConfig):
@@ -125,25 +124,6 @@ class Tau2VerifyResponse(BaseVerifyResponse):
     reward_info: dict[str, Any]
 
 
-def _text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(part.get("text") or "" for part in content if isinstance(part, dict))
-    return ""
-
-
-def assistant_texts(items: list[Any]) -> list[str]:
-    """The text of every assistant message among Responses input/output items (what tau2's COMMUNICATE reads)."""
-    texts = []
-    for item in items:
-        if isinstance(item, dict) and item.get("role") == "assistant" and item.get("type", "message") == "message":
-            text = _text_of(item.get("content"))
-            if text.strip():
-                texts.append(text)
-    return texts
-
-
 _PROTOCOL_ROUTES = frozenset({"/", "/seed_session", "/verify", "/aggregate_metrics", "/end_session", "/session_stats"})
 
 
@@ -151,76 +131,12 @@ def _json_response(value: Any, status: int = 200) -> Response:
     return Response(content=orjson.dumps(value), status_code=status, media_type="application/json")
 
 
-def start_episode(domain: str, task_id: str) -> tuple[Episode, dict[str, Any]]:
-    """A fresh episode of the task and what ``/seed_session`` answers about it (the user's prompt and tools).
-
-    Raises:
-        domains.UnknownDomainError, domains.UnknownTaskError: no such domain or task.
-    """
-    episode = Episode.start(domain, task_id)
-    criteria = episode.task.evaluation_criteria
-    return episode, {
-        "domain": domain,
-        "task_id": task_id,
-        "user_system_prompt": prompts.user_system_prompt(domain, task_id),
-        "user_tools": domains.responses_tool_schemas(domain, side="user"),
-        "reward_basis": [basis.value for basis in criteria.reward_basis] if criteria else [],
-    }
-
-
-def score_episode(episode: Episode, items: list[Any], termination_reason: str | None) -> dict[str, Any]:
-    """What ``/verify`` answers about a finished episode: tau2's reward, its components and tool counts.
-
-    ``items`` is the whole transcript (Responses input and output items); ``termination_reason`` None is treated
-    as agent_stop, and the reward info says so.
-
-    Raises:
-        NLAssertionsNotEvaluatedError, ValueError: the task needs an LLM judge, or the termination is unknown.
-    """
-    termination = termination_reason or ASSUMED_TERMINATION
-    result = evaluate_episode(episode, assistant_texts(items), termination)
-    reward_info = result.reward_info.model_dump(mode="json")
-    if termination_reason is None:
-        reward_info["termination_reason_note"] = (
-            f"no termination_reason in the verify request; assumed {ASSUMED_TERMINATION}"
-        )
-    return result.components() | {
-        "reward": result.reward,
-        "domain": episode.domain,
-        "task_id": episode.task.id,
-        "success": result.success,
-        "termination_reason": termination,
-        "num_tool_calls": len(episode.tool_log),
-        "num_tool_errors": episode.num_tool_errors,
-        "reward_info": reward_info,
-    }
-
-
-def call_tool(
-    episode: Episode, tool_name: str, arguments: Any, requestor: Requestor, call_id: str = ""
-) -> ToolMessage:
-    """Run one tool call the way tau2 answers it: arguments that are not a JSON object, or text that is not valid
-    Unicode (a lone UTF-16 surrogate, which Python's ``json`` reads from ``"\\ud800"``), are the model's mistake and
-    get a tool error; anything else goes to the episode (tau2's own tool, or tau2's error message)."""
-    bad_text = find_lone_surrogate({"tool name": tool_name, "arguments": arguments})
-    if bad_text is not None:
-        return episode.record_failed_call(
-            tool_name.encode(errors="backslashreplace").decode(),
-            requestor,
-            f"Tool call {bad_text} holds a lone UTF-16 surrogate, which is not valid Unicode text.",
-        )
-    if not isinstance(arguments, dict):
-        return episode.record_failed_call(
-            tool_name, requestor, f"Tool arguments must be a JSON object, got {type(arguments).__name__}."
-        )
-    return episode.call_tool(tool_name, arguments, requestor=requestor, call_id=call_id)
-
-
 class Tau2ResourcesServer(FastMiddlewareMixin, SimpleResourcesServer):
     config: Tau2ResourcesServerConfig
     _sessions: SessionStore = PrivateAttr()
     _sweeper: asyncio.Task | None = PrivateAttr(default=None)
     _release: WorkerRelease | None = PrivateAttr(default=None)  # None: v0.2.1, in process
+    _scorings: InFlightScorings = PrivateAttr(default_factory=InFlightScorings)  # v1.0.1's, off the loop
 
     def model_post_init(self, context: Any) -> None:
         self._sessions = SessionStore(
@@ -292,6 +208,8 @@ class Tau2ResourcesServer(FastMiddlewareMixin, SimpleResourcesServer):
             )
         except (domains.UnknownDomainError, domains.UnknownTaskError, Tau2RequestError) as e:
             raise HTTPException(status_code=404, detail=str(e)) from e
+        except Tau2WorkerError as e:
+            raise self._infrastructure_error(e) from e
         response = _json_response(Tau2SeedSessionResponse.model_validate(answer).model_dump(mode="json"))
         recorded = RecordedAnswer.of("/seed_session", raw, response) if key is not None else None
         try:
@@ -322,6 +240,8 @@ class Tau2ResourcesServer(FastMiddlewareMixin, SimpleResourcesServer):
     async def _tool_call(self, request: Request, tool_name: str, requestor: Requestor) -> Response:
         key = idempotency_key(request.headers)
         session = self._live_session(request)
+        if request.session.get(SESSION_ID_KEY) in self._scorings:
+            raise HTTPException(status_code=409, detail="this session's episode is being verified: it has ended")
         raw = await request.body()
         route = f"/{tool_name}" if requestor == "assistant" else f"/user_tools/{tool_name}"
         if key is not None and key in session.answers:
@@ -338,7 +258,10 @@ class Tau2ResourcesServer(FastMiddlewareMixin, SimpleResourcesServer):
             arguments = json.loads(raw) if raw.strip() else {}
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
             raise HTTPException(status_code=400, detail=f"tool call body is not valid JSON: {e}") from e
-        message = call_tool(episode, tool_name, arguments, requestor, request.headers.get("X-Tool-Call-Id", ""))
+        try:
+            message = call_tool(episode, tool_name, arguments, requestor, request.headers.get("X-Tool-Call-Id", ""))
+        except Tau2WorkerError as e:  # the release's worker died or failed: nothing recorded, so a retry runs again
+            raise self._infrastructure_error(e) from e
         return Response(
             # backslashreplace: a tool's own message may quote text that is not valid Unicode; never a 500 for it
             content=(message.content or "").encode(errors="backslashreplace"),
@@ -371,18 +294,33 @@ class Tau2ResourcesServer(FastMiddlewareMixin, SimpleResourcesServer):
         episode = self._live_session(request).episode
         items = body.responses_create_params.model_dump().get("input") or []
         items = (items if isinstance(items, list) else []) + body.response.model_dump()["output"]
+        request_name, request_fingerprint = describe("/verify", raw), fingerprint("/verify", raw)
+
+        def finish(score: dict[str, Any]) -> dict[str, Any]:
+            live = self._sessions.session(session_id)  # re-seeded while scored off the loop: the new one lives on
+            if live is None or live.episode is episode:
+                self._sessions.finish(session_id, request_name, request_fingerprint, score)
+            return score
+
         try:
-            if isinstance(episode, WorkerEpisode):
-                score = self._release.score_episode(episode, body.tau2_messages, body.termination_reason)
+            if isinstance(episode, WorkerEpisode):  # scored on the release's scoring thread: the loop serves on
+
+                async def score_off_the_loop() -> dict[str, Any]:
+                    scoring = self._release.score_episode, episode, body.tau2_messages, body.termination_reason
+                    return finish(await asyncio.get_running_loop().run_in_executor(self._release.scoring, *scoring))
+
+                score = await self._scorings.run(session_id, request_fingerprint, request_name, score_off_the_loop)
             else:
-                score = score_episode(episode, items, body.termination_reason)
+                score = finish(score_episode(episode, items, body.termination_reason))
         except (Tau2JudgeError, Tau2WorkerError) as e:  # infrastructure, with its cause: never a score
-            raise HTTPException(status_code=502, detail=f"tau2 {self.config.tau2.version}: {e}") from e
+            raise self._infrastructure_error(e) from e
         except (NLAssertionsNotEvaluatedError, ValueError) as e:
             raise HTTPException(status_code=400, detail=str(e)) from e
-        answer = Tau2VerifyResponse.model_validate(body.model_dump() | score)
-        self._sessions.finish(session_id, describe("/verify", raw), fingerprint("/verify", raw), score)
-        return answer
+        return Tau2VerifyResponse.model_validate(body.model_dump() | score)
+
+    def _infrastructure_error(self, error: Exception) -> HTTPException:
+        """A 502 naming its cause: the release's worker or its NL judge failed, not the request (never scored)."""
+        return HTTPException(status_code=502, detail=f"tau2 {self.config.tau2.version}: {error}")
 
     async def end_session(self, request: Request) -> dict[str, bool]:
         """Drop the episode without scoring it (the agent calls this when the episode failed for other reasons)."""

@@ -1,27 +1,33 @@
-"""The resources server's episodes of a tau2 release that runs in its own environment (v1.0.1), through one worker.
+"""The resources server's episodes of a tau2 release that runs in its own environment (v1.0.1), through workers.
 
 v0.2.1 is the project's environment and its episodes run in process (:mod:`nemo_tau2.tau2_env`, unchanged);
-a later release cannot share that environment (both install a package named ``tau2``), so the server owns one
-:class:`~nemo_tau2.tau2_release.client.Tau2Worker` and every seed, tool call, verify and end of its episodes goes
-there. One worker, its requests serialised by the client's lock: the in-process release also runs tau2 on the
-server's one event loop, one call at a time (a Gym resources server is one process, ``num_workers: 1``), so a pool
-would add processes without changing that; replicas (``resources_replicas``) are the way to scale, each with its
-worker. Calls are made without ``await``, so the replay rules of :mod:`.replay` hold as they do in process.
+a later release cannot share that environment (both install a package named ``tau2``), so the server owns two
+:class:`~nemo_tau2.tau2_release.client.Tau2Worker` processes. The *episode* worker holds every live episode: each
+seed, tool call and end goes there, serialised by the client's lock, on the server's event loop without ``await``
+(so the replay rules of :mod:`.replay` hold as they do in process; the in-process release also runs tau2 one call
+at a time). The *scoring* worker holds nothing: tau2's ``evaluate_simulation`` needs only the task and the
+trajectory, so ``/verify`` scores there, on a thread of its own (:attr:`WorkerRelease.scoring`), and an NL judge
+that takes seconds to answer holds up no other session's tool calls. Replicas (``resources_replicas``) are the way
+to scale, each with its two workers.
 
 The trajectory scored is tau2's own message list, built by the agent as the episode is played (its ``/verify``
 body's ``tau2_messages``): the release's evaluator replays its tool calls (the user's device calls too) and its NL
-judge reads every message. A judge with no usable verdict is :class:`Tau2JudgeError`, which the server answers
-as a 502 with its cause: an infrastructure error, never a score.
+judge reads every message. A judge with no usable verdict is :class:`Tau2JudgeError`, a worker that died or failed
+:class:`Tau2WorkerError`; the server answers both as a 502 with its cause: an infrastructure error, never a score.
 """
 
+import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from nemo_tau2.tau2_env.domains import as_responses_tools
 from nemo_tau2.tau2_env.reward import SUCCESS_TOLERANCE
-from nemo_tau2.tau2_release.client import Tau2Worker
+from nemo_tau2.tau2_release.client import Tau2Worker, Tau2WorkerError
 from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
+
+logger = logging.getLogger(__name__)
 
 
 class ReleaseToolMessage(NamedTuple):
@@ -65,7 +71,10 @@ class WorkerEpisode:
         """Drop the worker's episode (idle eviction, ``/end_session``, re-seed); verify already dropped it."""
         if not self.closed:
             self.closed = True
-            self.worker.request("end", episode_id=self.episode_id)
+            try:
+                self.worker.request("end", episode_id=self.episode_id)
+            except Tau2WorkerError as e:  # its episodes went with it; the session store only forgets this one
+                logger.warning("episode %s not ended in the worker: %s", self.episode_id, e)
 
 
 def _fraction(checks: list[dict] | None, key: str) -> float | None:
@@ -86,15 +95,29 @@ def components(reward_info: dict[str, Any]) -> dict[str, Any]:
 
 
 class WorkerRelease:
-    """Seeds and scores episodes of ``config.version`` in the server's worker (started here, stopped by close)."""
+    """Seeds episodes of ``config.version`` in the server's episode worker and scores them in its scoring worker
+    (both started here, side by side; stopped by :meth:`close`)."""
 
     def __init__(self, config: Tau2ReleaseConfig):
         self.version = config.version
-        self.worker = Tau2Worker(config)
+        with ThreadPoolExecutor(2) as starting:  # each start imports tau2 (~10-35 s): together, not in turn
+            started = [starting.submit(Tau2Worker, config) for _ in range(2)]
+        workers = [future.result() for future in started if future.exception() is None]
+        if len(workers) < 2:
+            for worker in workers:
+                worker.close()
+            raise next(future.exception() for future in started if future.exception() is not None)
+        self.worker, self.scorer = workers
+        #: The thread ``/verify`` scores on: one, as the scoring worker answers one request at a time.
+        self.scoring = ThreadPoolExecutor(1, thread_name_prefix="tau2-scoring")
         self._reward_basis: dict[str, dict[str, list[str]]] = {}
-        self._user_tools: dict[str, list[dict]] = {}
 
     def load_domain_data(self, domain: str) -> None:
+        """At start-up: the domain's tasks, in both workers (the scoring worker's first verify needs none then)."""
+        self.scorer.request("splits", domain=domain)
+        self._load_reward_basis(domain)
+
+    def _load_reward_basis(self, domain: str) -> None:
         if domain not in self._reward_basis:
             tasks = self.worker.request("tasks", domain=domain, split=None)
             self._reward_basis[domain] = {
@@ -105,7 +128,7 @@ class WorkerRelease:
     def start_episode(self, domain: str, task_id: str) -> tuple[WorkerEpisode, dict[str, Any]]:
         """Raises :class:`~nemo_tau2.tau2_release.client.Tau2RequestError` for an unknown domain or task."""
         seeded = self.worker.request("seed", domain=domain, task_id=task_id)
-        self.load_domain_data(domain)
+        self._load_reward_basis(domain)
         episode = WorkerEpisode(self.worker, domain, str(task_id), seeded["episode_id"])
         return episode, {
             "domain": domain,
@@ -119,16 +142,17 @@ class WorkerRelease:
     def score_episode(
         self, episode: WorkerEpisode, tau2_messages: list[dict] | None, termination_reason: str | None
     ) -> dict[str, Any]:
-        """The release's verdict (judge retried per ``judge.max_attempts``); the worker drops the episode once
-        scored. Raises ``ValueError`` (no trajectory, or one the release refuses) and ``Tau2JudgeError``."""
+        """The release's verdict from the scoring worker (judge retried per ``judge.max_attempts``); touches no
+        state of the episode worker, so it may run on :attr:`scoring` while that worker serves tool calls. The
+        episode stays live (the server ends it once the verdict is kept). Raises ``ValueError`` (no trajectory, or
+        one the release refuses), ``Tau2JudgeError`` and ``Tau2WorkerError``."""
         if tau2_messages is None:
             raise ValueError(
                 f"tau2 {self.version} scores tau2's own trajectory: the /verify body needs tau2_messages (the "
                 "tau2 agent sends them)"
             )
         termination = termination_reason or "agent_stop"
-        scored = self.worker.verify(episode.episode_id, tau2_messages, termination)
-        episode.closed = True
+        scored = self.scorer.score(episode.domain, episode.task_id, tau2_messages, termination)
         reward = scored["reward"]
         return components(scored["reward_info"]) | {
             "reward": reward,
@@ -142,4 +166,6 @@ class WorkerRelease:
         }
 
     def close(self) -> None:
+        self.scoring.shutdown(wait=False, cancel_futures=True)
         self.worker.close()
+        self.scorer.close()

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from nemo_tau2.models.policy.config import PolicyConfig
-from nemo_tau2.models.policy.data import TrainingBatch, token_logprobs
+from nemo_tau2.models.policy.data import TrainingBatch, next_token_entropy, token_logprobs
 from nemo_tau2.models.policy.interfaces import LossFunction
 
 
@@ -211,7 +211,9 @@ def train_global_batch(
     pad_token_id: int,
 ) -> dict[str, Any]:
     """This rank's micro-batches of one global batch: forward/backward (pipelined), gradients summed over DP, one
-    optimizer step (clipped to ``policy.max_grad_norm``). ``loss`` is the whole global batch's loss on every rank."""
+    optimizer step (clipped to ``policy.max_grad_norm``). ``loss`` is the whole global batch's loss on every rank;
+    ``microbatches`` the loss function's metrics of each micro-batch (plus ``entropy``) on the last pipeline stage,
+    an empty list on the others."""
     from megatron.core import parallel_state
 
     stack.model.train()
@@ -222,15 +224,11 @@ def train_global_batch(
     def loss_of(batch: TrainingBatch, logits: torch.Tensor) -> tuple:
         loss, metrics = loss_fn(
             curr_logprobs=token_logprobs(logits, batch.input_ids),
-            prev_logprobs=batch.prev_logprobs,
-            generation_logprobs=batch.generation_logprobs,
-            advantages=batch.advantages,
-            token_mask=batch.token_mask,
-            sample_mask=batch.sample_mask,
-            reference_logprobs=batch.reference_logprobs,
+            **batch.loss_inputs(),
             global_valid_tokens=global_valid_toks,
             global_valid_seqs=global_valid_seqs,
         )
+        metrics["entropy"] = batch.mean_over_loss_tokens(next_token_entropy(logits.detach()))
         return loss, torch.tensor(1), {"loss": loss.detach(), "metrics": metrics}
 
     outputs = _run_schedule(stack, padded, loss_of, forward_only=False)
@@ -239,9 +237,17 @@ def train_global_batch(
     if stepped:
         stack.scheduler.step(increment=1)
     # every TP rank of the last stage holds the same loss; DP ranks hold parts; other stages add 0
-    local = sum(float(out["loss"]) for out in outputs) if parallel_state.is_pipeline_last_stage() else 0.0
+    last_stage = parallel_state.is_pipeline_last_stage()
+    local = sum(float(out["loss"]) for out in outputs) if last_stage else 0.0
     total = torch.tensor([local], dtype=torch.float64)
     dist.all_reduce(total)
     loss = total.item() / parallel_state.get_tensor_model_parallel_world_size()
     stack.model.eval()
-    return {"loss": loss, "grad_norm": float(grad_norm or 0.0), "lr": lr, "stepped": bool(stepped)}
+    parts = [out["metrics"] for out in outputs] if last_stage else []
+    return {
+        "loss": loss,
+        "grad_norm": float(grad_norm or 0.0),
+        "lr": lr,
+        "stepped": bool(stepped),
+        "microbatches": parts,
+    }

@@ -33,6 +33,8 @@ class TrainingSequence:
         loss_multiplier: 0 removes the episode from the loss (NeMo-RL's ``loss_multiplier`` / ``sample_mask``).
         prev_logprobs: The trainer's logprobs before the update (``Policy.get_logprobs``); needed by ``train``.
         reference_logprobs: The reference policy's logprobs; needed when the KL penalty is on.
+        generation_weight_versions: The weight version that sampled each policy turn, in order (empty when the
+            generator did not say); async GRPO's episodes can span weight updates.
     """
 
     token_ids: list[int]
@@ -42,6 +44,7 @@ class TrainingSequence:
     loss_multiplier: float = 1.0
     prev_logprobs: list[float] | None = None
     reference_logprobs: list[float] | None = None
+    generation_weight_versions: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -127,6 +130,7 @@ def sequence_from_message_log(
         generation_logprobs=logprobs,
         advantage=float(advantage),
         loss_multiplier=loss_multiplier,
+        generation_weight_versions=[m["weight_version"] for m in message_log if m.get("weight_version") is not None],
     )
 
 
@@ -164,6 +168,23 @@ class TrainingBatch:
     reference_logprobs: torch.Tensor | None = None  # [B, T]
     lengths: list[int] = field(default_factory=list)
     packed: PackedRow | None = None
+
+    def loss_inputs(self) -> dict[str, torch.Tensor | None]:
+        """What a :class:`~.interfaces.LossFunction` reads of this batch, besides ``curr_logprobs`` and the global
+        normalisers (one place, for every backend that calls a loss)."""
+        return {
+            "prev_logprobs": self.prev_logprobs,
+            "generation_logprobs": self.generation_logprobs,
+            "advantages": self.advantages,
+            "token_mask": self.token_mask,
+            "sample_mask": self.sample_mask,
+            "reference_logprobs": self.reference_logprobs,
+        }
+
+    def mean_over_loss_tokens(self, values: torch.Tensor) -> float:
+        """The mean of ``[B, T]`` ``values`` over the tokens that carry loss (policy tokens of kept episodes)."""
+        mask = self.token_mask * self.sample_mask[:, None]
+        return ((values * mask).sum() / mask.sum().clamp(min=1)).item()
 
     def to(self, device: torch.device | str) -> "TrainingBatch":
         moved = {

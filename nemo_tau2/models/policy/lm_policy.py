@@ -67,18 +67,18 @@ class Policy:
         seed: int = 0,
         ray_init_kwargs: dict[str, Any] | None = None,
     ) -> None:
-        if cfg.megatron_cfg.enabled:  # configured and validated, but no worker trains with it yet (issue 28)
-            raise ValueError(
-                "policy.megatron_cfg.enabled: the Policy has no Megatron worker yet (nemo_tau2/models/megatron holds "
-                "the model, weights and CPU mode); set it to false"
-            )
         self.cfg = cfg
         worker_kwargs = {"model": model, "tokenizer": tokenizer, "init_reference_model": init_reference_model}
         self.has_reference_model = init_reference_model
-        if cfg.num_workers == 1:
+        if cfg.num_workers == 1 and not cfg.megatron_cfg.enabled:
             self._workers: LocalWorkerGroup | RayWorkerGroup = LocalWorkerGroup(cfg, **worker_kwargs)
         else:
             self._workers = RayWorkerGroup(cfg, seed=seed, ray_init_kwargs=ray_init_kwargs, **worker_kwargs)
+        # the data-parallel rank of each worker: Megatron's TP/PP ranks of one data-parallel rank share its plan
+        self._data_parallel_ranks = list(range(self._workers.world_size))
+        if cfg.megatron_cfg.enabled:
+            ranks = self._workers.run("data_parallel_rank", [()] * self._workers.world_size)
+            self._data_parallel_ranks = [dp_rank for dp_rank, _ in ranks]
 
     # ---- scoring ---------------------------------------------------------------------------------------------
 
@@ -101,10 +101,10 @@ class Policy:
             size = {"token_budget": cfg.train_mb_tokens if training else cfg.logprob_mb_tokens}
         else:
             size = {"micro_batch_size": cfg.train_micro_batch_size if training else cfg.logprob_micro_batch_size}
-        plans = plan_micro_batches(
-            [len(s) for s in sequences], self._workers.world_size, equal_counts=cfg.dtensor_cfg.enabled, **size
-        )
-        return [[[sequences[i] for i in micro] for micro in plan] for plan in plans]
+        equal_counts = cfg.dtensor_cfg.enabled or cfg.megatron_cfg.enabled
+        num_plans = max(self._data_parallel_ranks) + 1
+        plans = plan_micro_batches([len(s) for s in sequences], num_plans, equal_counts=equal_counts, **size)
+        return [[[sequences[i] for i in micro] for micro in plans[dp_rank]] for dp_rank in self._data_parallel_ranks]
 
     def _scatter_logprobs(self, method: str, sequences: Sequence[TrainingSequence]) -> list[list[float]]:
         self._check(sequences)
@@ -221,6 +221,13 @@ class Policy:
         self._workers.run("save_hf_model", [(str(path),)] * self._workers.world_size)
         return path
 
+    def _refuse_megatron_checkpoints(self) -> None:
+        if self.cfg.megatron_cfg.enabled:
+            raise ValueError(
+                "policy.megatron_cfg.enabled: the Megatron backend has no checkpoints yet (issue 28); set "
+                "checkpointing.enabled=false, or train with the torch backend"
+            )
+
     def save_checkpoint(self, checkpoint_dir: str | Path, trainer_state: dict[str, Any]) -> Path:
         """Write a complete checkpoint to ``checkpoint_dir`` (usually ``checkpoint.step_dir(root, step)``).
 
@@ -228,6 +235,7 @@ class Policy:
         the RNG states of this process and of every worker, the model config and tokenizer, and ``trainer_state``
         (JSON). Written to a temporary sibling directory and renamed when complete. Returns the directory.
         """
+        self._refuse_megatron_checkpoints()
         final = Path(checkpoint_dir)
         tmp = ckpt.temporary_dir(final)
         try:
@@ -252,6 +260,7 @@ class Policy:
         saved it (bit for bit on CPU). On another number of ranks (or sharded <-> unsharded) the weights and
         optimizer state are resharded exactly; the workers' RNG states are then left as seeded.
         """
+        self._refuse_megatron_checkpoints()
         path = ckpt.check_checkpoint_dir(checkpoint_dir)
         scheduler_state = torch.load(path / ckpt.SCHEDULER_FILE, weights_only=False)  # our own file
         self._workers.run("load_checkpoint", [(str(path), scheduler_state)] * self._workers.world_size)

@@ -242,18 +242,12 @@ class PolicyWorker:
         logits = self._logits(self.model, batch)
         loss, metrics = loss_fn(
             curr_logprobs=self._token_logprobs(logits, batch),
-            prev_logprobs=batch.prev_logprobs,
-            generation_logprobs=batch.generation_logprobs,
-            advantages=batch.advantages,
-            token_mask=batch.token_mask,
-            sample_mask=batch.sample_mask,
-            reference_logprobs=batch.reference_logprobs,
+            **batch.loss_inputs(),
             global_valid_tokens=valid_toks,
             global_valid_seqs=valid_seqs,
         )
-        mask = batch.token_mask * batch.sample_mask[:, None]
         entropy = self._frame(next_token_entropy(logits.detach(), self.cfg.logprob_chunk_size), batch)
-        metrics["entropy"] = ((entropy * mask).sum() / mask.sum().clamp(min=1)).item()
+        metrics["entropy"] = batch.mean_over_loss_tokens(entropy)
         del logits
         loss.backward()
         return metrics

@@ -8,6 +8,8 @@ Ray actors take one CPU (``device: cpu``, gloo) or one GPU each (``device: cuda`
 ``CUDA_VISIBLE_DEVICES`` so each sees its GPU as ``cuda:0``). If Ray is not running, it is started for this
 process (``num_cpus`` = workers on CPU, no dashboard) and stopped on ``shutdown``; a Ray the caller started is
 used and left running. With FSDP2 only rank 0 receives (or loads) the model; the other ranks get its architecture.
+With ``megatron_cfg.enabled`` the actors are ``MegatronPolicyWorker`` ranks (always actors: megatron-core's parallel
+state is per process).
 A sharded policy with one rank runs in this process in a one-rank group of its own.
 """
 
@@ -55,7 +57,7 @@ class RayWorkerGroup:
     """``cfg.num_workers`` :class:`PolicyWorker` actors in one data-parallel process group.
 
     Args:
-        cfg: The policy config (``num_workers`` > 1).
+        cfg: The policy config (``num_workers`` > 1, or any with ``megatron_cfg.enabled``).
         model / tokenizer: Objects to replicate (shipped once through the object store), or None to let each
             actor load ``cfg.model_name``.
         init_reference_model: Passed to every worker.
@@ -82,7 +84,12 @@ class RayWorkerGroup:
         self._ray_connection.enter_context(ray_connection(ClusterConfig(), **(local_sizing | (ray_init_kwargs or {}))))
         try:
             resources = {"num_cpus": 1, "num_gpus": 1 if cfg.device == "cuda" else 0}
-            actor_cls = ray.remote(**resources)(PolicyWorker)
+            worker_cls: type = PolicyWorker
+            if cfg.megatron_cfg.enabled:  # its own module; megatron-core is imported only by its ranks
+                from nemo_tau2.models.megatron.worker import MegatronPolicyWorker
+
+                worker_cls = MegatronPolicyWorker
+            actor_cls = ray.remote(**resources)(worker_cls)
             shared = {"tokenizer": tokenizer, "init_reference_model": init_reference_model}
             model_ref = ray.put(model) if model is not None else None
             if cfg.dtensor_cfg.enabled:  # rank 0 holds the weights, the others build empty shards of the architecture

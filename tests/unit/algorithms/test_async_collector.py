@@ -4,6 +4,7 @@ and user, and a simulated trainer (sleeps for its training, a timed no-op for it
 fall inside an episode."""
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -14,10 +15,12 @@ from nemo_tau2.algorithms.grpo_config import GRPODataConfig, GRPOSettings
 from nemo_tau2.algorithms.replay_buffer import PromptDraw, ReplayBuffer, VersionedGroup
 from nemo_tau2.algorithms.sampling import EpisodeGroup
 from nemo_tau2.algorithms.training_setup import train_and_val_rows
-from nemo_tau2.experience.rollouts import SamplingParams
+from nemo_tau2.experience.rollouts import SamplingParams, turn_weight_versions
 from nemo_tau2.generation import GenerationConfig
 from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec
 from nemo_tau2.gym.episode_config import NemoGymEnvConfig
+from nemo_tau2.testing.config import ControlRequest
+from nemo_tau2.testing.faults import FaultSpec
 
 PROMPTS_PER_STEP, MAX_AGE = 2, 1
 SAMPLING = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=256)
@@ -49,16 +52,18 @@ def _drive(
     environment: Tau2Environment,
     *,
     steps: int,
-    train_s: float,
+    train_s: float | tuple[float, ...],
     max_age: int = MAX_AGE,
     start: int = 0,
     state: dict | None = None,
     snapshot_at: int | None = None,
+    in_flight: bool = False,
+    before_load: Callable[[], None] = lambda: None,
 ) -> Run:
     settings = GRPOSettings(
         num_prompts_per_step=PROMPTS_PER_STEP, num_generations_per_prompt=2, max_num_steps=steps,
         max_rollout_concurrency=16, curriculum={"enabled": False}, reward_shaping={"enabled": False},
-        async_grpo={"enabled": True, "max_trajectory_age_steps": max_age},
+        async_grpo={"enabled": True, "max_trajectory_age_steps": max_age, "in_flight_weight_updates": in_flight},
     )  # fmt: skip
     tasks = ["update_task_1", "create_task_1"]
     rows, _ = train_and_val_rows(
@@ -69,6 +74,7 @@ def _drive(
         curriculum.load_state_dict(state["curriculum"])
     collector = AsyncCollector(settings, rows, curriculum, environment.agent_urls, SAMPLING, start, state)
     run = Run()
+    environment.policy.engine.set_weight_version(start)  # the weights served at the start: those of step `start`
     collector.start()
     try:
         for step in range(start, steps):
@@ -76,10 +82,12 @@ def _drive(
             assert [g.group for g in collector.last_taken] == groups and len(groups) == PROMPTS_PER_STEP
             assert all(r.ok for r in results), [r.error for r in results]
             run.taken.append((step, collector.last_taken))
-            time.sleep(train_s)  # the trainer trains
+            time.sleep(train_s[step % len(train_s)] if isinstance(train_s, tuple) else train_s)  # the trainer trains
+            before_load()
             with collector.paused(step + 1):
                 started = time.monotonic()
                 time.sleep(0.02)  # the weights load
+                environment.policy.engine.set_weight_version(step + 1)  # and the policy's answers say so
                 run.loads.append((started, time.monotonic(), step + 1))
             run.metrics.append(collector.step_metrics())
             run.draws |= {group.draw.draw_id: group.draw.row_index for group in collector.last_taken}
@@ -123,6 +131,60 @@ def test_weights_never_load_while_an_episode_runs_and_each_group_carries_the_ver
         assert group.weight_version == max(loads_before, default=0), (group.draw, loads_before)
     assert sum(m["train/async/trainer_idle_fraction"] for m in run.metrics) > 0  # it did wait for episodes
     assert any(group.weight_version > 0 for group in groups)
+
+
+def test_in_flight_updates_reach_running_episodes_whose_turns_say_which_weights_and_late_groups_are_dropped(
+    environment,
+):
+    """in_flight_weight_updates: weight loads no longer wait for running episodes; the turns after a load report the
+    new version (read by the agent from the policy server's answers), so a group is as old as its oldest turn. One
+    policy turn of one episode is held for 6 s: its group finishes after the trainer has moved on past the bound
+    and is dropped, never trained; every group trained is within the bound."""
+    hold = FaultSpec(kind="timeout", key_pattern=r"\|create_task_1\|.*\|policy$", hold_s=6.0, count=1)
+    environment.policy.engine.control(ControlRequest(faults=[hold]))
+    # the policy answers 300 ms after each request, and each load waits until an episode's second policy turn is
+    # in that wait, so loads land inside running episodes whatever the box's load (max age 2: at max age 1 the
+    # bound lets no group run during a load in the steady state, as the next step's groups need those weights)
+    environment.policy.engine.set_latency(300)
+    try:
+        run = _drive(
+            environment, steps=8, train_s=0.05, max_age=2, in_flight=True,
+            before_load=_during_a_second_policy_turn(environment, set()),
+        )  # fmt: skip
+    finally:
+        environment.policy.engine.control(ControlRequest(clear_faults=True))
+        environment.policy.engine.set_latency(40)
+    groups = [(step, group) for step, taken in run.taken for group in taken]
+    assert all(group.age_at(step) <= 2 for step, group in groups)  # the bound holds for what trains
+    assert sum(m["train/async/groups_dropped_for_age"] for m in run.metrics) >= 1  # the held group's
+    spanning = [group for _, group in groups if len(set(group.turn_weight_versions)) > 1]
+    assert spanning, [group.turn_weight_versions for _, group in groups]  # loads reached running episodes
+    assert sum(m["train/async/groups_spanning_weight_updates"] for m in run.metrics) == len(spanning)
+    for _, group in groups:
+        for result in group.results:
+            versions = turn_weight_versions(result.message_log)
+            assert versions == sorted(versions) and len(versions) == len(result.message_log) // 2
+        assert group.weight_version == min(group.turn_weight_versions)  # as old as its oldest turn
+    overlapping = [
+        g for g in spanning if any(g.started_s < end and start < g.finished_s for start, end, _ in run.loads)
+    ]
+    assert overlapping  # loads happened while they ran, which the default mode never lets happen
+
+
+def _during_a_second_policy_turn(environment: Tau2Environment, seen: set[str]) -> Callable[[], None]:
+    """Wait (up to 3 s) until an episode's second policy turn has reached the policy (which answers 300 ms later,
+    reporting the weight version of that moment), its first one answered already."""
+
+    def wait() -> None:
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            second = {k for k, n in environment.policy.engine.stats().requests_by_key.items() if n == 2} - seen
+            if second:
+                seen.update(second)
+                return
+            time.sleep(0.01)
+
+    return wait
 
 
 def test_a_resumed_collector_regenerates_the_prompts_not_yet_trained_and_trains_none_twice(environment):

@@ -1,7 +1,6 @@
 """Config errors of async GRPO and truncated importance sampling: one line each, naming the keys, and exit 2 from
 ``run_grpo.py`` before anything starts. ``grpo.async_grpo.enabled: true`` validates with the importance correction
-and generation in its own process; ``in_flight_weight_updates: true`` is refused until per-turn weight versions exist
-(issue 24): a run must never silently wait for episodes when told not to."""
+and generation in its own process, with or without in-flight weight updates."""
 
 import importlib.util
 import sys
@@ -60,11 +59,6 @@ CASES = [
         "grpo.async_grpo.max_trajectory_age_steps: Input should be greater than or equal to 1",
         id="async-age-zero",
     ),
-    pytest.param(
-        [ASYNC, NOT_COLOCATED, "+grpo.async_grpo.in_flight_weight_updates=true"],
-        "grpo.async_grpo.in_flight_weight_updates=true is not implemented yet (issue 24: per-turn weight versions)",
-        id="async-in-flight-updates-not-built",
-    ),
 ]
 
 
@@ -98,6 +92,16 @@ def test_async_grpo_validates_with_importance_correction_and_its_own_generation_
     settings = cfg.grpo.async_grpo
     assert settings.enabled and settings.max_trajectory_age_steps == 2 and not settings.in_flight_weight_updates
     assert cfg.loss_fn.use_importance_sampling_correction and not cfg.policy.generation.hf_cfg.in_process
+    assert settings.recompute_kv_cache()  # episodes drain before each update: no KV of old weights is worth keeping
+    in_flight = validate_config(
+        _raw(ASYNC, NOT_COLOCATED, "+grpo.async_grpo.in_flight_weight_updates=true"), GRPOMasterConfig
+    ).grpo.async_grpo
+    assert in_flight.in_flight_weight_updates and not in_flight.recompute_kv_cache()  # NeMo-RL's default keeps it
+    recompute = "+grpo.async_grpo.recompute_kv_cache_after_weight_updates=true"
+    in_flight = validate_config(
+        _raw(ASYNC, NOT_COLOCATED, "+grpo.async_grpo.in_flight_weight_updates=true", recompute), GRPOMasterConfig
+    ).grpo.async_grpo
+    assert in_flight.recompute_kv_cache()
 
 
 def _run_grpo_main(monkeypatch, capsys, *argv: str) -> tuple[int, str]:

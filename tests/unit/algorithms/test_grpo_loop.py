@@ -6,6 +6,7 @@ with the learning rate at zero does not; the log-probability margin of the right
 read of the same change.
 """
 
+import importlib.util
 import json
 import os
 import re
@@ -132,6 +133,28 @@ def test_grpo_with_fsdp2_on_two_ranks_raises_the_mean_reward(tiny_policy, tmp_pa
     assert sharded["margin"] > margin_before + 1.5, (margin_before, sharded)
 
 
+@pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="needs the megatron extra")
+def test_grpo_with_the_megatron_backend_serves_the_trained_weights(tiny_policy, tmp_path):
+    """2 steps with ``policy.megatron_cfg.enabled`` (one Ray actor rank, megatron-core in CPU mode on gloo): after
+    each step the hf engine gets the Megatron weights exported in HF layout, so what it samples at step 2 has the
+    trainer's logprobs (measured max |diff| 1.5e-6; one unsynced step moves them by far more than 1e-4)."""
+    cfg = _config(tmp_path, tiny_policy, "grpo.max_num_steps=2", "checkpointing.enabled=false",
+                  "policy.megatron_cfg.enabled=true")  # fmt: skip
+    train_rows, val_rows = grpo.load_rows(cfg)
+    s = grpo.setup(cfg, train_rows, val_rows)
+    try:
+        history = grpo.grpo_train(s)
+    finally:
+        s.close()
+    assert [step["train/num_optimizer_steps"] for step in history] == [1.0, 1.0]
+    assert history[0]["train/grad_norm"] > 0  # the first step moved the weights the second step samples with
+    for step in history:
+        assert step["train/rollout/num_infrastructure_errors"] == 0
+        assert step["train/generation_agreement/num_tokens"] > 0
+        assert step["train/generation_agreement/max_abs_logprob_diff"] < 1e-4, step
+        assert step["train/generation_agreement/token_mult_prob_error"] < 1.0001, step
+
+
 def test_async_grpo_with_max_age_1_raises_the_mean_reward(tiny_policy, tmp_path):
     """The same learning run with async GRPO: the hf engine in its own process generates the next step's groups
     while the trainer trains, each group trained at most one step after the weights that generated it (the
@@ -173,6 +196,23 @@ def test_async_grpo_with_max_age_1_raises_the_mean_reward(tiny_policy, tmp_path)
     assert run["margin"] > margin_before + 1.5, (margin_before, run["margin"])
 
 
+def test_async_grpo_with_in_flight_updates_and_max_age_2_raises_the_mean_reward(tiny_policy, tmp_path):
+    """Async GRPO with in-flight weight updates: each step's new weights reach episodes still running, whose later
+    turns report the new version; groups train up to two steps after their oldest turn's weights."""
+    train_rows, _ = grpo.load_rows(_config(tmp_path, tiny_policy))
+    margin_before = first_call_preference(tiny_policy, train_rows)
+    run = _train_and_validate(
+        tiny_policy, tmp_path, "grpo.val_num_generations_per_prompt=64", "policy.generation.hf_cfg.in_process=false",
+        "+grpo.async_grpo.enabled=true", "+grpo.async_grpo.max_trajectory_age_steps=2",
+        "+grpo.async_grpo.in_flight_weight_updates=true", steps=10,
+    )  # fmt: skip
+    history = run["history"]
+    assert max(step["train/async/trajectory_age_max"] for step in history) <= 2
+    assert sum(step["train/async/groups_spanning_weight_updates"] for step in history) > 0, history
+    assert run["after"] > run["before"] + 0.15, run | {"history": None}
+    assert run["margin"] > margin_before + 1.5, (margin_before, run["margin"])
+
+
 def test_a_rerun_resumes_from_the_latest_checkpoint_with_its_weights(tiny_policy, tmp_path):
     first = _config(tmp_path, tiny_policy, "grpo.max_num_steps=2", "checkpointing.save_period=1")
     train_rows, _ = grpo.load_rows(first)
@@ -183,7 +223,7 @@ def test_a_rerun_resumes_from_the_latest_checkpoint_with_its_weights(tiny_policy
         curriculum_at_2 = s.curriculum.state_dict()
         groups, _, _ = grpo.generate(s, 2)
         step_3_batch, _ = grpo.training_sequences(s, groups)
-        uninterrupted = grpo.train(s, step_3_batch)
+        uninterrupted = grpo.train(s, step_3_batch, 2)
         uninterrupted_weights = s.policy.state_dict_for_generation()
     finally:
         s.close()
@@ -202,7 +242,7 @@ def test_a_rerun_resumes_from_the_latest_checkpoint_with_its_weights(tiny_policy
         served = s.generation.engine.model.state_dict()
         assert all(torch.equal(served[name], weights_at_2[name]) for name in weights_at_2)
         # the optimizer state came back too: the same batch gives the same loss and the same update
-        resumed_metrics = grpo.train(s, step_3_batch)
+        resumed_metrics = grpo.train(s, step_3_batch, 2)
         assert resumed_metrics["train/loss"] == uninterrupted["train/loss"]
         after = s.policy.state_dict_for_generation()
         assert all(torch.equal(after[name], uninterrupted_weights[name]) for name in after)
@@ -235,7 +275,15 @@ def test_grpo_trains_on_tau2_v101_and_its_checkpoint_records_the_release(tiny_po
         grpo.setup(other, train_rows, [])
 
 
-def test_run_grpo_killed_mid_run_resumes_where_its_last_checkpoint_left_off(tiny_policy, tmp_path):
+ASYNC_IN_FLIGHT = [
+    "policy.generation.hf_cfg.in_process=false",
+    "+grpo.async_grpo.enabled=true",
+    "+grpo.async_grpo.in_flight_weight_updates=true",
+]
+
+
+@pytest.mark.parametrize("mode", [[], ASYNC_IN_FLIGHT], ids=["sync", "async"])
+def test_run_grpo_killed_mid_run_resumes_where_its_last_checkpoint_left_off(tiny_policy, tmp_path, mode):
     command = [
         sys.executable,
         str(CONFIGS.parent / "run_grpo.py"),
@@ -249,6 +297,7 @@ def test_run_grpo_killed_mid_run_resumes_where_its_last_checkpoint_left_off(tiny
         "grpo.val_at_end=false",
         "grpo.max_num_steps=4",
         "checkpointing.save_period=1",
+        *mode,
     ]
     run = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
@@ -274,6 +323,11 @@ def test_run_grpo_killed_mid_run_resumes_where_its_last_checkpoint_left_off(tiny
     resumed_at = int(text.split("resuming: ")[1].split()[0])
     assert resumed_at >= 2
     assert (tmp_path / "checkpoints" / "step_4").is_dir()
-    logged = [json.loads(line)["step"] for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    logged = [record["step"] for record in records]
     assert logged[-(4 - resumed_at) :] == list(range(resumed_at + 1, 5))
     assert set(logged) == {1, 2, 3, 4}  # a step logged before the kill but not checkpointed is logged again
+    if mode:  # async: the groups (prompt draws) trained, step by step as finally logged: each once, in draw order
+        trained = {record["step"]: record["train/async/group_ids"] for record in records}  # the last log of a step
+        ids = [group for step in sorted(trained) for group in trained[step]]
+        assert sorted(ids) == list(range(8)), trained  # 4 steps x 2 prompts: none twice, none lost

@@ -12,6 +12,7 @@ import torch
 from nemo_tau2.generation import GenerationStartupError, start_generation
 from nemo_tau2.generation.surface_check import ToolCallProbe, call_json, check_surface
 from nemo_tau2.generation.tiny_model import WEATHER_TOOL, build_tiny_model
+from tests.forward_logprobs import forward_logprobs
 
 from .conftest import TOOL_PROMPT, TOOL_REPLY, hf_config
 
@@ -26,16 +27,8 @@ def _chat(handle, messages, **fields):
     return response
 
 
-def _forward_logprobs(model, prompt_ids: list[int], generated_ids: list[int]) -> torch.Tensor:
-    """Log-probability of each generated token under one plain forward pass over prompt + generation."""
-    ids = torch.tensor([prompt_ids + generated_ids])
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0].float()
-    logprobs = torch.log_softmax(logits[len(prompt_ids) - 1 : -1], dim=-1)
-    return logprobs.gather(1, torch.tensor(generated_ids)[:, None])[:, 0]
-
-
-def _reported(response) -> tuple[list[int], list[int], torch.Tensor]:
+def _reported(response, weight_version: int = 0) -> tuple[list[int], list[int], torch.Tensor]:
+    assert response["weight_version"] == weight_version  # the label of the weights that sampled it
     choice = response["choices"][0]
     reported = torch.tensor([entry["logprob"] for entry in choice["logprobs"]["content"]])
     return response["prompt_token_ids"], choice["token_ids"], reported
@@ -74,21 +67,21 @@ def test_logprobs_match_a_forward_pass_before_and_after_an_in_place_update(taugh
     ) as handle:
         prompts = [CHAT, TOOL_PROMPT, CHAT[1:]]  # different lengths: batched rows are left-padded
 
-        def sample_all(seed):
+        def sample_all(seed, weight_version):
             with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
                 jobs = [pool.submit(_chat, handle, m, max_tokens=12, seed=seed + i) for i, m in enumerate(prompts)]
-                return [_reported(job.result()) for job in jobs]
+                return [_reported(job.result(), weight_version) for job in jobs]
 
-        for prompt_ids, generated, reported in sample_all(seed=10):
-            expected = _forward_logprobs(untrained, prompt_ids, generated)
+        for prompt_ids, generated, reported in sample_all(seed=10, weight_version=0):
+            expected = forward_logprobs(untrained, prompt_ids, generated)
             assert torch.allclose(reported, expected, atol=1e-4), (reported - expected).abs().max()
         assert handle.engine.largest_batch >= 2
 
-        assert handle.update_weights(taught_tiny.model.state_dict()) == 1
-        for prompt_ids, generated, reported in sample_all(seed=20):
-            expected = _forward_logprobs(taught_tiny.model, prompt_ids, generated)
+        assert handle.update_weights(taught_tiny.model.state_dict(), weight_version=3) == 3  # a trainer step
+        for prompt_ids, generated, reported in sample_all(seed=20, weight_version=3):
+            expected = forward_logprobs(taught_tiny.model, prompt_ids, generated)
             assert torch.allclose(reported, expected, atol=1e-4), (reported - expected).abs().max()
-            stale = _forward_logprobs(untrained, prompt_ids, generated)
+            stale = forward_logprobs(untrained, prompt_ids, generated)
             assert not torch.allclose(reported, stale, atol=1e-2)  # the served weights did change
 
 
@@ -168,11 +161,12 @@ def test_an_update_waits_for_completions_in_flight_which_keep_one_weight_version
                 time.sleep(0.005)
             assert not job.done()
             assert handle.update_weights(taught_tiny.model.state_dict()) == 1
-            prompt_ids, generated, reported = _reported(job.result())
+            prompt_ids, generated, reported = _reported(job.result(), weight_version=0)  # says so, too
         assert len(generated) == 200  # long enough to be in flight during the update
-        expected = _forward_logprobs(untrained, prompt_ids, generated)
+        expected = forward_logprobs(untrained, prompt_ids, generated)
         assert torch.allclose(reported, expected, atol=1e-4)  # all of it from the weights it started with
-        _, after, _ = _reported(_chat(handle, TOOL_PROMPT, tools=[WEATHER_TOOL], temperature=0.0, max_tokens=64))
+        tool_reply = _chat(handle, TOOL_PROMPT, tools=[WEATHER_TOOL], temperature=0.0, max_tokens=64)
+        _, after, _ = _reported(tool_reply, weight_version=1)
         assert taught_tiny.tokenizer.decode(after, skip_special_tokens=True) == TOOL_REPLY
 
 

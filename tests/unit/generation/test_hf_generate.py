@@ -4,17 +4,11 @@ import torch
 
 from nemo_tau2.generation.hf_generate import DecodeBatch, RowRequest, generate_batch
 from nemo_tau2.generation.tiny_model import build_tiny_model
+from tests.forward_logprobs import forward_logprobs
 
 
 def _row(prompt: list[int], max_tokens: int, temperature: float = 1.0, seed: int = 0) -> RowRequest:
     return RowRequest(prompt, max_tokens, temperature, 1.0, 0, torch.Generator().manual_seed(seed))
-
-
-def _forward_logprobs(model, prompt: list[int], generated: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([prompt + generated])).logits[0].float()
-    logprobs = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
-    return logprobs.gather(1, torch.tensor(generated)[:, None])[:, 0]
 
 
 def test_rows_joining_and_leaving_mid_generation_keep_exact_logprobs():
@@ -32,7 +26,7 @@ def test_rows_joining_and_leaving_mid_generation_keep_exact_logprobs():
     for tag, prompt, length in (("a", prompts[0], 12), ("b", prompts[1], 4), ("c", prompts[2], 9)):
         output = outputs[tag]
         assert len(output.token_ids) == length and output.finish_reason == "length"
-        expected = _forward_logprobs(model, prompt, output.token_ids)
+        expected = forward_logprobs(model, prompt, output.token_ids)
         assert torch.allclose(torch.tensor(output.logprobs), expected, atol=1e-4)
 
 

@@ -291,15 +291,18 @@ def test_a_reload_serves_the_new_weights_and_a_restore_the_old_ones_exactly(vllm
         return tensors | noisy
 
     perturbed = _checkpoint(model_dir, tmp_path / "perturbed", perturb)
-    assert vllm.update_weights(checkpoint_dir=perturbed) == 1
+    assert baseline["weight_version"] == 0  # each completion names the weights that sampled it (vLLM's own record)
+    assert vllm.update_weights(checkpoint_dir=perturbed, weight_version=7) == 7  # a trainer's step as the label
     moved = _greedy(vllm)
+    assert moved["weight_version"] == 7
     served = _vllm_logprobs(moved)
     assert (served - _transformers_logprobs(perturbed, moved)).abs().max() < 2e-3  # the perturbed model's
     if moved["choices"][0]["token_ids"] == baseline["choices"][0]["token_ids"]:
         assert (served - _vllm_logprobs(baseline)).abs().max() > 1e-2  # and not the old one's
 
-    assert vllm.update_weights(checkpoint_dir=str(model_dir)) == 2
+    assert vllm.update_weights(checkpoint_dir=str(model_dir)) == 8  # unlabelled: one more than the last
     restored = _greedy(vllm)
+    assert restored["weight_version"] == 8
     assert restored["choices"][0]["token_ids"] == baseline["choices"][0]["token_ids"]
     assert torch.equal(_vllm_logprobs(restored), _vllm_logprobs(baseline))
 

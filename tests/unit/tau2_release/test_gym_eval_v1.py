@@ -2,9 +2,12 @@
 scripted fake model server as policy and user, the scripted NL judge): one task per domain plus an NL-assertion
 retail task, each reward equal to tau2 v1.0.1's own ``evaluate_simulation`` of the trajectory the episode recorded;
 a judge that gives no verdict (on one NL task of the same run) makes that episode an infrastructure error with the
-judge's cause, never a score."""
+judge's cause, never a score. prepare_sft_data.py turns the run's rollouts into SFT rows of v1.0.1 when given the
+same ``tau2`` keys (and refuses them as v0.2.1's default)."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -95,3 +98,14 @@ def test_v101_eval_rewards_equal_tau2_v101s_own_evaluation_and_a_judge_fault_is_
         for key, simulation in exported.items():
             assert simulation["reward_info"]["reward"] == ours[key]["reward"]
             assert len(simulation["messages"]) == len(ours[key]["tau2_messages"])
+    # SFT rows of this run: the release named by the runs' tau2 keys; refused under the default release (v0.2.1)
+    command = [sys.executable, "examples/prepare_sft_data.py", "--rollouts", str(tmp_path / "rollouts.jsonl")]
+    command += ["--allow-test-split", "--output", str(tmp_path / "sft.jsonl")]
+    refused = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "not tau2.version v0.2.1" in refused.stderr, refused.stderr
+    release = ["tau2.version=v1.0.1", f"tau2.python={tau2_v1_python()}"]
+    done = subprocess.run(command + release, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in (tmp_path / "sft.jsonl").read_text().splitlines()]
+    assert sorted((row["domain"], row["task_id"]) for row in rows) == sorted(by_task)
+    assert {row["tau2_version"] for row in rows} == {"v1.0.1"}

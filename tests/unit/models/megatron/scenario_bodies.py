@@ -252,3 +252,23 @@ def checkpoint_resume(tmp: Path) -> dict:
     destroy_megatron()
     return {"first": first, "fresh_first": fresh_first, "uninterrupted": uninterrupted, "resumed": resumed,
             "max_weight_diff": max_weight_diff, "files": sorted(p.name for p in (tmp / "ckpt").iterdir())}  # fmt: skip
+
+
+def _in_sequence(tmp: Path, names: list[str]) -> dict:
+    """Several scenarios in the same processes, one after the other (each sets up and destroys megatron-core's
+    parallel state), in folders of their own: one spawn pays the imports once."""
+    results = {}
+    for name in names:
+        folder = tmp / name
+        folder.mkdir(exist_ok=True)
+        dist.barrier()
+        results[name] = globals()[name](folder)
+    return results
+
+
+def one_process(tmp: Path) -> dict:
+    return _in_sequence(tmp, ["conversion_single", "training_single"])
+
+
+def two_processes(tmp: Path) -> dict:
+    return _in_sequence(tmp, ["conversion_tp2", "training_dp2", "training_tp2", "training_pp2"])

@@ -2,15 +2,13 @@
 transformers' (fp32), a wrong QKV layout caught, tensor-parallel slices that reassemble, and the export reloaded.
 
 Megatron runs in a spawned gloo process (its parallel state must not leak into the pytest process, where other tests
-make their own process groups); one spawn per scenario computes everything the assertions read.
+make their own process groups); the spawns (see ``conftest``) compute everything the assertions read.
 """
 
 import importlib.util
 
 import pytest
 import torch
-
-from tests.unit.models.megatron.scenarios import run_spawned
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("megatron") is None, reason="needs the megatron extra (uv sync --extra megatron)"
@@ -20,8 +18,8 @@ LOGITS_TOLERANCE = 1e-5  # fp32, absolute, on logits of order 1
 
 
 @pytest.fixture(scope="module")
-def single_process(tmp_path_factory) -> dict:
-    return run_spawned("conversion_single", world_size=1, tmp=tmp_path_factory.mktemp("conversion"))
+def single_process(one_process) -> dict:
+    return one_process["conversion_single"]
 
 
 @pytest.mark.parametrize("model_type", ["qwen3", "llama"])
@@ -65,8 +63,8 @@ def test_tp_slices_reassemble_exactly():
     assert torch.equal(first, torch.cat([gate.chunk(2)[0], up.chunk(2)[0]]))  # each rank: its gate, then its up
 
 
-def test_tensor_parallel_logits_equal_transformers(tmp_path):
+def test_tensor_parallel_logits_equal_transformers(two_processes):
     """TP=2 (2 gloo processes): each rank holds half the query groups and half the MLP; logits unchanged."""
-    result = run_spawned("conversion_tp2", world_size=2, tmp=tmp_path)
+    result = two_processes["conversion_tp2"]
     assert result["logits_max_abs_diff"] < LOGITS_TOLERANCE, result
     assert result["export_max_abs_diff"] == 0.0

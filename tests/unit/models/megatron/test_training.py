@@ -3,14 +3,12 @@ on the same tiny Qwen3 and episodes (clipped PG loss, global normalisers, AdamW,
 trajectory and trained weights with the work split over 2 processes: DP=2 (Megatron DDP + distributed optimizer),
 TP=2, PP=2; the trained weights exported as an HF folder load in transformers with Megatron's logits.
 
-Each scenario is a fresh spawned process group (see ``scenarios``); 3 optimizer steps each.
+The scenarios share two spawned process groups (see ``conftest``); 3 optimizer steps each.
 """
 
 import importlib.util
 
 import pytest
-
-from tests.unit.models.megatron.scenarios import run_spawned
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("megatron") is None, reason="needs the megatron extra (uv sync --extra megatron)"
@@ -22,8 +20,8 @@ LOSS_TOLERANCE = 1e-5  # per step, on losses of order 0.3 (measured <= 1e-6)
 
 
 @pytest.fixture(scope="module")
-def single(tmp_path_factory) -> dict:
-    return run_spawned("training_single", world_size=1, tmp=tmp_path_factory.mktemp("single"))
+def single(one_process) -> dict:
+    return one_process["training_single"]
 
 
 def test_logprobs_agree_with_the_torch_policy(single):
@@ -40,8 +38,8 @@ def test_loss_and_grad_norm_trajectories_agree_with_the_torch_policy(single):
 
 
 @pytest.mark.parametrize("split", ["dp2", "tp2", "pp2"])
-def test_two_process_splits_give_the_single_process_trajectory(single, split, tmp_path):
-    result = run_spawned(f"training_{split}", world_size=2, tmp=tmp_path)
+def test_two_process_splits_give_the_single_process_trajectory(single, split, two_processes):
+    result = two_processes[f"training_{split}"]
     assert result["losses"] == pytest.approx(single["losses"], abs=LOSS_TOLERANCE)
     assert result["grad_norms"] == pytest.approx(single["grad_norms"], rel=1e-5)
     # the trained weights exported from the split ranks (TP slices gathered, PP stages collected) = the 1-process ones

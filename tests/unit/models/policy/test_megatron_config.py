@@ -3,7 +3,7 @@
 import pytest
 from pydantic import ValidationError
 
-from nemo_tau2.models.policy import Policy, PolicyConfig
+from nemo_tau2.models.policy import PolicyConfig
 
 from .conftest import policy_config
 
@@ -98,8 +98,3 @@ def test_misconfigurations_are_refused_in_one_line(overrides, message):
 def test_a_valid_megatron_split_of_a_shipped_model_is_accepted():
     cfg = policy_config(model_name=QWEN3_0_6B, num_workers=8, **megatron(tensor_model_parallel_size=8))
     assert cfg.megatron_cfg.tensor_model_parallel_size == 8
-
-
-def test_the_policy_refuses_megatron_until_its_worker_exists():
-    with pytest.raises(ValueError, match="no Megatron worker yet"):
-        Policy(policy_config(**megatron()))

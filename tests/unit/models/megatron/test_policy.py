@@ -1,0 +1,132 @@
+"""``Policy`` with ``policy.megatron_cfg.enabled``: the Megatron worker (one Ray actor, gloo, CPU mode) behind the
+interface the GRPO loop uses gives the torch Policy's logprobs, loss trajectory and metrics on the tiny Llama (tied
+head, 591-token vocabulary), keeps the initial weights as its reference model, and exports weights (stream and HF
+folder) that transformers loads with the trained logits.
+
+One Ray start for the module: the fixture runs the whole exchange once and the tests read its results.
+"""
+
+import copy
+import importlib.util
+
+import pytest
+import ray
+import torch
+from transformers import AutoModelForCausalLM
+
+from nemo_tau2.algorithms.loss import ClippedPGLossConfig, ClippedPGLossFn
+from nemo_tau2.generation.tiny_model import build_tiny_model
+from nemo_tau2.models.policy import Policy, PolicyConfig
+from tests.torch_threads import _one_torch_thread  # noqa: F401  (autouse)
+from tests.unit.models.policy.conftest import make_sequences
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("megatron") is None, reason="needs the megatron extra (uv sync --extra megatron)"
+)
+
+LOGPROB_TOLERANCE = 1e-5  # fp32; Megatron's attention and HF's eager attention round differently
+LOSS_TOLERANCE = 1e-5  # per step, on losses of order 0.1
+LOGITS_TOLERANCE = 1e-4  # the exported weights vs the torch Policy's after 2 steps at lr 1e-3 (fp32)
+TRAIN_STEPS = 2
+NO_KL = ClippedPGLossFn(ClippedPGLossConfig(reference_policy_kl_penalty=0.0))
+
+
+def _config(megatron: bool, num_workers: int = 1) -> PolicyConfig:
+    fields = {
+        "num_workers": num_workers,
+        "model_name": "tiny",
+        "train_global_batch_size": 4,
+        "train_micro_batch_size": 2,
+        "max_total_sequence_length": 64,
+        "max_grad_norm": 1.0,
+        "optimizer": {"name": "torch.optim.AdamW", "kwargs": {"lr": 1e-3, "weight_decay": 0.0}},
+    }
+    if megatron:
+        fields["megatron_cfg"] = {"enabled": True, "optimizer": {"lr": 1e-3, "min_lr": 0.0, "weight_decay": 0.0}}
+    return PolicyConfig(**fields)
+
+
+def _exchange(policy: Policy, tmp_path) -> dict:
+    """What the GRPO loop does with a Policy: logprobs, reference logprobs, 2 training steps, weights out."""
+    sequences = make_sequences(5)  # 5 over 2-sequence micro-batches: one micro-batch holds a single sequence
+    logprobs = policy.get_logprobs(sequences)
+    for seq, prev in zip(sequences, logprobs, strict=True):
+        seq.prev_logprobs = prev
+    metrics = [policy.train(sequences[:4], NO_KL) for _ in range(TRAIN_STEPS)]
+    result = {"logprobs": logprobs, "metrics": metrics, "after": policy.get_logprobs(sequences)}
+    if policy.has_reference_model:
+        result["reference"] = policy.get_reference_policy_logprobs(sequences)
+    result["stream"] = {name: tensor.clone() for name, tensor in policy.stream_weights_for_generation()}
+    result["export"] = policy.save_hf_model(tmp_path / "export")
+    return result
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    tiny = build_tiny_model(seed=0)
+    torch_run = Policy(_config(False), model=copy.deepcopy(tiny.model), tokenizer=tiny.tokenizer)
+    plain = _exchange(torch_run, tmp_path_factory.mktemp("torch"))
+    ray.init(num_cpus=2, include_dashboard=False)  # one Ray for both Megatron Policies (each leaves it running)
+    try:
+        with Policy(_config(True), model=copy.deepcopy(tiny.model), tokenizer=tiny.tokenizer,
+                    init_reference_model=True) as policy:  # fmt: skip
+            megatron = _exchange(policy, tmp_path_factory.mktemp("megatron"))
+            with pytest.raises(ValueError, match="megatron_cfg.enabled: the Megatron backend has no checkpoints"):
+                policy.save_checkpoint(tmp_path_factory.mktemp("ckpt") / "step_1", {"step": 1})
+        # DP=2: 2 ranks, each its own plan; 5 sequences for logprobs leave one rank an empty (padding) micro-batch
+        with Policy(_config(True, num_workers=2), model=copy.deepcopy(tiny.model), tokenizer=tiny.tokenizer) as dp2:
+            data_parallel = _exchange(dp2, tmp_path_factory.mktemp("dp2"))
+    finally:
+        ray.shutdown()
+    return {"torch": plain, "megatron": megatron, "dp2": data_parallel, "tokenizer": tiny.tokenizer}
+
+
+def _max_diff(rows_a: list[list[float]], rows_b: list[list[float]]) -> float:
+    assert [len(row) for row in rows_a] == [len(row) for row in rows_b]
+    return max(abs(a - b) for x, y in zip(rows_a, rows_b, strict=True) for a, b in zip(x, y, strict=True))
+
+
+def test_logprobs_before_and_after_training_agree_with_the_torch_policy(runs):
+    megatron, plain = runs["megatron"], runs["torch"]
+    assert _max_diff(megatron["logprobs"], plain["logprobs"]) < LOGPROB_TOLERANCE
+    assert _max_diff(megatron["after"], plain["after"]) < LOGPROB_TOLERANCE
+    assert _max_diff(megatron["after"], megatron["logprobs"]) > 1e-3  # the 2 steps moved the weights
+
+
+def test_loss_trajectory_and_metrics_agree_with_the_torch_policy(runs):
+    megatron, plain = runs["megatron"]["metrics"], runs["torch"]["metrics"]
+    assert [m["loss"] for m in megatron] == pytest.approx([m["loss"] for m in plain], abs=LOSS_TOLERANCE)
+    assert len({m["loss"] for m in megatron}) == TRAIN_STEPS
+    for got, expected in zip(megatron, plain, strict=True):
+        for key in ("grad_norm", "entropy", "pg_loss", "num_valid_tokens", "global_valid_toks", "lr"):
+            assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-7), key
+        assert got["num_optimizer_steps"] == 1.0
+
+
+def test_reference_logprobs_are_the_initial_ones_after_training(runs):
+    megatron = runs["megatron"]
+    assert megatron["reference"] == megatron["logprobs"]
+
+
+def test_exported_weights_load_in_transformers_with_the_trained_logits(runs):
+    megatron, plain = runs["megatron"], runs["torch"]
+    assert sorted(megatron["stream"]) == sorted(plain["stream"])  # every name the hf engine checks, tied head too
+    reloaded = AutoModelForCausalLM.from_pretrained(megatron["export"], dtype=torch.float32, local_files_only=True)
+    for name, tensor in reloaded.state_dict().items():
+        assert torch.equal(tensor, megatron["stream"][name]), name
+    expected = AutoModelForCausalLM.from_pretrained(plain["export"], dtype=torch.float32, local_files_only=True)
+    ids = torch.tensor([make_sequences(1)[0].token_ids])
+    with torch.no_grad():
+        got, want = reloaded(ids).logits, expected(ids).logits
+    assert (got - want).abs().max().item() < LOGITS_TOLERANCE
+    assert runs["tokenizer"].get_vocab() == type(runs["tokenizer"]).from_pretrained(megatron["export"]).get_vocab()
+
+
+def test_two_data_parallel_ranks_give_the_single_rank_logprobs_and_trajectory(runs):
+    dp2, single = runs["dp2"], runs["megatron"]
+    assert _max_diff(dp2["logprobs"], single["logprobs"]) < LOGPROB_TOLERANCE
+    assert _max_diff(dp2["after"], single["after"]) < LOGPROB_TOLERANCE
+    for got, expected in zip(dp2["metrics"], single["metrics"], strict=True):
+        assert got["loss"] == pytest.approx(expected["loss"], abs=LOSS_TOLERANCE)
+        assert got["num_valid_tokens"] == expected["num_valid_tokens"]  # each rank's metrics counted once
+        assert got["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-5)

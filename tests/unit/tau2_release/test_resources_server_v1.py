@@ -1,0 +1,176 @@
+"""The resources server on tau2 v1.0.1, over HTTP, as a real Gym server process with its workers: a /verify waiting
+on the NL judge holds up no other session's tool call (it scores on a worker and thread of its own), its retries
+are answered by that one scoring, and a worker that dies is a 502 naming it (an infrastructure error), not a 500."""
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from nemo_tau2.gym.launch import GymServers, ServerSpec
+from nemo_tau2.gym.resources_server.bodies import verify_body
+from nemo_tau2.tau2_release.client import WORKER_FILE
+from nemo_tau2.tau2_release.trajectory import Trajectory
+from tests.tau2_v1_env import tau2_v1_python
+from tests.unit.tau2_release.episode_scripts import episode_scripts
+from tests.unit.tau2_release.worker_episodes import JUDGE_ATTEMPTS
+
+NAME = "tau2_resources_server"
+NL_TASK = "2"  # retail 2 carries nl_assertions: its verify asks the judge
+WAIT_S = 60.0  # what a request may take here before the test calls it held up
+
+
+@pytest.fixture(scope="module")
+def server_url(judge):
+    config = {
+        "domain": "agent",
+        "domains": ["retail"],
+        "tau2": {
+            "version": "v1.0.1",
+            "python": tau2_v1_python(),
+            "judge": {"model": "scripted-judge", "base_url": judge.base_url, "max_attempts": JUDGE_ATTEMPTS},
+        },
+    }
+    server_class = "nemo_tau2.gym.resources_server.app:Tau2ResourcesServer"
+    spec = ServerSpec(NAME, "resources_servers", "tau2", server_class, config)
+    with GymServers([spec]) as servers:
+        yield servers.url(NAME)
+
+
+@pytest.fixture(scope="module")
+def nl_oracle(worker) -> dict:
+    task = next(task for task in worker.request("tasks", domain="retail", split="base") if task["id"] == NL_TASK)
+    return episode_scripts(task, worker.request("greeting"))["oracle"]
+
+
+def play(url: str, task_id: str, script: dict) -> tuple[requests.Session, bytes]:
+    """Seed and play ``script`` over HTTP; the session and its /verify body (bytes, so a retry repeats them)."""
+    session = requests.Session()
+    assert session.post(f"{url}/seed_session", json={"domain": "retail", "task_id": task_id}).status_code == 200
+    trajectory = Trajectory()
+    for index, step in enumerate(script["steps"]):
+        if step[0] == "text":
+            trajectory.text(step[1], step[2])
+            continue
+        _, requestor, name, arguments = step
+        route = f"/{name}" if requestor == "assistant" else f"/user_tools/{name}"
+        answer = session.post(url + route, json=arguments, headers={"X-Tool-Call-Id": f"c{index}"})
+        assert answer.status_code == 200, answer.text
+        error = answer.headers["X-Tau2-Tool-Error"] == "1"
+        trajectory.tool_call(requestor, f"c{index}", name, arguments, {"content": answer.text, "error": error})
+    texts = [m["content"] for m in trajectory.messages if m["role"] == "assistant" and m.get("content")]
+    body = verify_body(texts, script["termination_reason"]) | {"tau2_messages": trajectory.messages}
+    return session, json.dumps(body).encode()
+
+
+def post_verify(session: requests.Session, url: str, body: bytes) -> requests.Response:
+    return session.post(f"{url}/verify", data=body, headers={"Content-Type": "application/json"}, timeout=WAIT_S)
+
+
+def test_a_verify_waiting_on_the_judge_holds_up_no_other_session_and_its_retry_is_scored_once(
+    server_url, judge, nl_oracle
+):
+    first, body = play(server_url, NL_TASK, nl_oracle)
+    other = requests.Session()
+    assert other.post(f"{server_url}/seed_session", json={"domain": "retail", "task_id": "0"}).status_code == 200
+    retry = requests.Session()
+    retry.cookies.update(first.cookies)  # the same Gym session: a retry of the same /verify
+    answered: dict[str, tuple[float, requests.Response]] = {}
+
+    def verify(name: str, session: requests.Session) -> None:
+        answer = post_verify(session, server_url, body)
+        answered[name] = (time.monotonic(), answer)
+
+    judge.hold()
+    judged_before = judge.requests
+    verifies = [threading.Thread(target=verify, args=("first", first))]
+    try:
+        verifies[0].start()
+        assert judge.holding.wait(WAIT_S), "the NL judge never received the first /verify"
+        verifies.append(threading.Thread(target=verify, args=("retry", retry)))
+        verifies[1].start()
+        tool = other.post(f"{server_url}/list_all_product_types", json={}, timeout=WAIT_S)
+        tool_answered = time.monotonic()
+        assert tool.status_code == 200 and tool.headers["X-Tau2-Tool-Error"] == "0", tool.text
+        assert not answered, "the other session's tool call was answered while the judge still held the verify"
+        changed = post_verify(retry, server_url, body.replace(b"user_stop", b"agent_stop"))
+        assert changed.status_code == 409 and "being verified" in changed.text
+        ended = retry.post(f"{server_url}/list_all_product_types", json={}, timeout=WAIT_S)
+        assert ended.status_code == 409 and "being verified" in ended.text
+    finally:
+        judge.release()
+        for thread in verifies:
+            thread.join(WAIT_S)
+    (first_at, first_answer), (_, retry_answer) = answered["first"], answered["retry"]
+    assert tool_answered < first_at
+    assert first_answer.status_code == retry_answer.status_code == 200, (first_answer.text, retry_answer.text)
+    assert first_answer.json() == retry_answer.json() and first_answer.json()["reward"] == 1.0
+    assert judge.requests - judged_before == 1, "one scoring, one judge call, for the verify and its retry"
+    assert post_verify(retry, server_url, body).headers["X-Idempotent-Replay"] == "1"  # later: the kept verdict
+
+
+def test_a_session_seeded_again_while_its_verify_waits_on_the_judge_keeps_its_new_episode(
+    server_url, judge, nl_oracle
+):
+    session, body = play(server_url, NL_TASK, nl_oracle)
+    answered: list[requests.Response] = []
+    judge.hold()
+    verify = threading.Thread(target=lambda: answered.append(post_verify(session, server_url, body)))
+    try:
+        verify.start()
+        assert judge.holding.wait(WAIT_S), "the NL judge never received the /verify"
+        again = session.post(f"{server_url}/seed_session", json={"domain": "retail", "task_id": "0"}, timeout=WAIT_S)
+        assert again.status_code == 200, again.text
+    finally:
+        judge.release()
+        verify.join(WAIT_S)
+    assert answered and answered[0].status_code == 200 and answered[0].json()["reward"] == 1.0
+    tool = session.post(f"{server_url}/list_all_product_types", json={}, timeout=WAIT_S)
+    assert tool.status_code == 200, tool.text  # the verdict of the old episode did not end the new one
+
+
+def _server_workers() -> list[int]:
+    """The resources server's tau2 workers: processes running the worker file below this test process but not its
+    children (the package's own worker is a child; the server's run under the fork server and the server)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().split(b"\0")
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if str(WORKER_FILE).encode() in command and parent != os.getpid() and _descends_from_us(parent):
+            found.append(int(entry.name))
+    return found
+
+
+def _descends_from_us(pid: int) -> bool:
+    while pid > 1:
+        if pid == os.getpid():
+            return True
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
+
+
+def test_a_worker_that_dies_is_a_502_naming_it_not_a_500(server_url, nl_oracle):
+    session, body = play(server_url, NL_TASK, nl_oracle)
+    workers = _server_workers()
+    assert len(workers) == 2, workers  # the episode worker and the scoring worker
+    for pid in workers:
+        os.kill(pid, signal.SIGKILL)
+    tool = session.post(f"{server_url}/list_all_product_types", json={}, timeout=WAIT_S)
+    assert tool.status_code == 502 and "tau2 v1.0.1" in tool.text and "worker" in tool.text, tool.text
+    verdict = post_verify(session, server_url, body)
+    assert verdict.status_code == 502 and "worker" in verdict.text, verdict.text
+    fresh = requests.post(f"{server_url}/seed_session", json={"domain": "retail", "task_id": "0"}, timeout=WAIT_S)
+    assert fresh.status_code == 502 and "worker" in fresh.text, fresh.text
