@@ -37,6 +37,8 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 logger = logging.getLogger(__name__)
 
 POLICY_DIR = "policy"
+MEGATRON_DIR = "megatron"
+MEGATRON_LAYOUT_FILE = "layout.json"
 SCHEDULER_FILE = "scheduler.pt"
 HF_CONFIG_DIR = "hf_config"
 RNG_FILE = "rng_state.pt"

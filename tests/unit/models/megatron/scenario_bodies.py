@@ -203,8 +203,9 @@ def training_pp2(tmp: Path) -> dict:
 
 
 def checkpoint_resume(tmp: Path) -> dict:
-    """DP=2 with the distributed optimizer: step, save, step (the reference); a stack fresh from the HF weights loads
-    the checkpoint and steps: the same loss and weights as the uninterrupted run."""
+    """DP=2 with the distributed optimizer, an LR warm-up and weight decay: 2 steps, save, 2 more (the uninterrupted
+    run); then megatron-core's state torn down and a stack built afresh from the HF weights loads the checkpoint
+    and takes the same 2 steps."""
     from megatron.core import parallel_state
 
     from nemo_tau2.algorithms.loss import ClippedPGLossConfig, ClippedPGLossFn
@@ -222,6 +223,9 @@ def checkpoint_resume(tmp: Path) -> dict:
         tokenizer.save_pretrained(tmp / "hf")
     dist.barrier()
     cfg = _training_config(tmp / "hf", 1, 1)
+    cfg.megatron_cfg.optimizer.weight_decay = 0.1
+    cfg.megatron_cfg.scheduler.lr_warmup_iters = 6  # the LR of every step depends on the schedule's position
+    cfg.megatron_cfg.scheduler.lr_decay_iters = 10
     pad = tokenizer.pad_token_id
     sequences = make_sequences(4)
     for seq in sequences:
@@ -229,29 +233,30 @@ def checkpoint_resume(tmp: Path) -> dict:
     loss_fn = ClippedPGLossFn(ClippedPGLossConfig(reference_policy_kl_penalty=0.0))
     valid_toks, valid_seqs = global_normalisers(sequences)
 
-    def step(stack) -> float:
+    def steps(stack, count: int) -> list[dict]:
         rank, size = parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
         micro = [collate(sequences[rank::size], pad)]
-        return train_global_batch(stack, micro, loss_fn, valid_toks, valid_seqs, pad)["loss"]
+        out = [train_global_batch(stack, micro, loss_fn, valid_toks, valid_seqs, pad) for _ in range(count)]
+        return [{"loss": s["loss"], "grad_norm": s["grad_norm"], "lr": s["lr"]} for s in out]
 
     initialize_megatron(1, 1, seed=0)
     stack = build_stack(cfg, str(tmp / "hf"))
-    first = step(stack)
+    before = steps(stack, 2)
     save_megatron_checkpoint(stack, tmp / "ckpt")
-    uninterrupted = [step(stack), step(stack)]
+    scheduler_state = stack.scheduler.state_dict()
+    uninterrupted = steps(stack, 2)
     weights = {name: p.detach().clone() for name, p in stack.model.module.named_parameters()}
     destroy_megatron()
     initialize_megatron(1, 1, seed=0)
     fresh = build_stack(cfg, str(tmp / "hf"))
-    fresh_first = step(fresh)  # a fresh stack's first step is the original's first: the load must undo it
-    load_megatron_checkpoint(fresh, tmp / "ckpt")
-    resumed = [step(fresh), step(fresh)]
+    load_megatron_checkpoint(fresh, tmp / "ckpt", scheduler_state)
+    resumed = steps(fresh, 2)
     max_weight_diff = max(
         (p.detach() - weights[name]).abs().max().item() for name, p in fresh.model.module.named_parameters()
     )
     destroy_megatron()
-    return {"first": first, "fresh_first": fresh_first, "uninterrupted": uninterrupted, "resumed": resumed,
-            "max_weight_diff": max_weight_diff, "files": sorted(p.name for p in (tmp / "ckpt").iterdir())}  # fmt: skip
+    return {"before": before, "uninterrupted": uninterrupted, "resumed": resumed, "max_weight_diff": max_weight_diff,
+            "files": sorted(p.name for p in (tmp / "ckpt").iterdir())}  # fmt: skip
 
 
 def _in_sequence(tmp: Path, names: list[str]) -> dict:
@@ -271,4 +276,4 @@ def one_process(tmp: Path) -> dict:
 
 
 def two_processes(tmp: Path) -> dict:
-    return _in_sequence(tmp, ["conversion_tp2", "training_dp2", "training_tp2", "training_pp2"])
+    return _in_sequence(tmp, ["conversion_tp2", "training_dp2", "training_tp2", "training_pp2", "checkpoint_resume"])
