@@ -202,10 +202,10 @@ def training_pp2(tmp: Path) -> dict:
     return training(tmp, pp=2)
 
 
-def checkpoint_resume(tmp: Path) -> dict:
-    """DP=2 with the distributed optimizer, an LR warm-up and weight decay: 2 steps, save, 2 more (the uninterrupted
-    run); then megatron-core's state torn down and a stack built afresh from the HF weights loads the checkpoint
-    and takes the same 2 steps."""
+def checkpoint_resume(tmp: Path, distributed_optimizer: bool = True) -> dict:
+    """DP=2 with the distributed optimizer (or a replicated one), an LR warm-up and weight decay: 2 steps, save,
+    2 more (the uninterrupted run); then megatron-core's state torn down and a stack built afresh from the HF
+    weights loads the checkpoint and takes the same 2 steps."""
     from megatron.core import parallel_state
 
     from nemo_tau2.algorithms.loss import ClippedPGLossConfig, ClippedPGLossFn
@@ -224,6 +224,7 @@ def checkpoint_resume(tmp: Path) -> dict:
     dist.barrier()
     cfg = _training_config(tmp / "hf", 1, 1)
     cfg.megatron_cfg.optimizer.weight_decay = 0.1
+    cfg.megatron_cfg.optimizer.use_distributed_optimizer = distributed_optimizer
     cfg.megatron_cfg.scheduler.lr_warmup_iters = 6  # the LR of every step depends on the schedule's position
     cfg.megatron_cfg.scheduler.lr_decay_iters = 10
     pad = tokenizer.pad_token_id
@@ -259,6 +260,10 @@ def checkpoint_resume(tmp: Path) -> dict:
             "files": sorted(p.name for p in (tmp / "ckpt").iterdir())}  # fmt: skip
 
 
+def checkpoint_resume_replicated_optimizer(tmp: Path) -> dict:
+    return checkpoint_resume(tmp, distributed_optimizer=False)
+
+
 def _in_sequence(tmp: Path, names: list[str]) -> dict:
     """Several scenarios in the same processes, one after the other (each sets up and destroys megatron-core's
     parallel state), in folders of their own: one spawn pays the imports once."""
@@ -276,4 +281,14 @@ def one_process(tmp: Path) -> dict:
 
 
 def two_processes(tmp: Path) -> dict:
-    return _in_sequence(tmp, ["conversion_tp2", "training_dp2", "training_tp2", "training_pp2", "checkpoint_resume"])
+    return _in_sequence(
+        tmp,
+        [
+            "conversion_tp2",
+            "training_dp2",
+            "training_tp2",
+            "training_pp2",
+            "checkpoint_resume",
+            "checkpoint_resume_replicated_optimizer",
+        ],
+    )
