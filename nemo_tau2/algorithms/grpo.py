@@ -116,7 +116,9 @@ def setup(cfg: GRPOMasterConfig, train_rows: list[dict], val_rows: list[dict]) -
         curriculum = TaskCurriculum([_task_key(row) for row in train_rows], cfg.grpo.curriculum, cfg.grpo.seed)
         metrics_logger = resources.enter_context(MetricsLogger(cfg.logger))
         start_step, state = 0, None
-        latest = resumable_checkpoint(cfg.checkpointing.checkpoint_dir) if cfg.checkpointing.enabled else None
+        latest = (
+            resumable_checkpoint(cfg.checkpointing.checkpoint_dir, cfg.policy) if cfg.checkpointing.enabled else None
+        )
         if latest is not None:
             state = training_setup.resume_from(policy, latest, cfg.tau2.version)
             start_step = int(state["step"])

@@ -81,7 +81,7 @@ def setup(cfg: RFTMasterConfig, train_rows: list[dict], val_rows: list[dict]) ->
         metrics_logger = resources.enter_context(MetricsLogger(cfg.logger))
         s = RFTSetup(cfg, policy, generation, environment, train_rows, val_rows, metrics_logger, resources=resources)
         latest = (
-            training_setup.resumable_checkpoint(cfg.checkpointing.checkpoint_dir)
+            training_setup.resumable_checkpoint(cfg.checkpointing.checkpoint_dir, cfg.policy)
             if cfg.checkpointing.enabled
             else None
         )

@@ -119,7 +119,7 @@ def setup(cfg: SFTMasterConfig, train_rows: list[dict], val_rows: list[dict], ev
             generation, environment, resources=resources,
         )  # fmt: skip
         latest = (
-            training_setup.resumable_checkpoint(cfg.checkpointing.checkpoint_dir)
+            training_setup.resumable_checkpoint(cfg.checkpointing.checkpoint_dir, cfg.policy)
             if cfg.checkpointing.enabled
             else None
         )

@@ -24,7 +24,9 @@ from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec, ray_
 from nemo_tau2.models.memory_plan import MemoryPlan, make_plan
 from nemo_tau2.models.model_shape import find_model_config, model_shape
 from nemo_tau2.models.policy import checkpoint as ckpt
+from nemo_tau2.models.policy.config import PolicyConfig
 from nemo_tau2.models.policy.lm_policy import Policy
+from nemo_tau2.models.policy.megatron_config import megatron_layout
 from nemo_tau2.tau2_env import gym_rows
 from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
 from nemo_tau2.tau2_release.rows import check_release, release_rows
@@ -48,18 +50,24 @@ def plan_memory(cfg: Any, *, reference: bool) -> MemoryPlan:
     return make_plan(cfg.policy, cfg.cluster, reference=reference, shape=shape)
 
 
-def resumable_checkpoint(checkpoint_dir: str | Path) -> Path | None:
+def resumable_checkpoint(checkpoint_dir: str | Path, policy: PolicyConfig) -> Path | None:
     """The newest checkpoint that is whole: every part present and a trainer state that parses with its step.
 
     Checkpoints are renamed into place only once complete, but a copy, a sync or a crash of the filesystem can
     still leave a ``step_<N>`` folder with a part missing or cut short; resuming from it would fail or, worse,
-    resume from garbage. Such folders are skipped with a warning naming what is wrong, and never deleted.
+    resume from garbage. Such folders are skipped with a warning naming what is wrong, and never deleted. A whole
+    checkpoint of the other backend or another Megatron layout than ``policy``'s stops the run in one line
+    (:class:`~nemo_tau2.models.policy.checkpoint.CheckpointMismatchError`): starting afresh beside it would train
+    from scratch without a word.
     """
+    layout = megatron_layout(policy.megatron_cfg, policy.num_workers)
     for step, path in reversed(ckpt.list_checkpoints(checkpoint_dir)):
         try:
-            ckpt.check_checkpoint_dir(path)
+            ckpt.check_checkpoint_dir(path, layout)
             if int(ckpt.read_trainer_state(path)["step"]) != step:
                 raise ValueError(f"its trainer state is for another step than {step}")
+        except ckpt.CheckpointMismatchError:
+            raise
         except (OSError, ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
             logger.warning("not resuming from %s, it is incomplete: %s", path, e)
             continue

@@ -13,6 +13,7 @@ from nemo_tau2.algorithms.grpo import resumable_checkpoint
 from nemo_tau2.config import apply_overrides, load_config
 from nemo_tau2.evals.eval import pending_episodes, run_eval, setup_eval
 from nemo_tau2.evals.results import ROLLOUTS_FILE, RolloutLog
+from nemo_tau2.models.policy import PolicyConfig
 from nemo_tau2.models.policy import checkpoint as ckpt
 from nemo_tau2.utils.jsonl_log import JsonlLog
 from nemo_tau2.utils.metrics_logger import METRICS_FILE, MetricsLogger
@@ -140,12 +141,27 @@ def test_an_evaluation_resumed_over_a_torn_last_line_reruns_that_episode_and_los
     assert sum("set aside" in r.getMessage() for r in caplog.records) == 1
 
 
-def _checkpoint(root: Path, step: int, trainer_state: bytes | None = None, without: str | None = None) -> Path:
+def _policy(num_workers: int = 1, megatron: bool = False) -> PolicyConfig:
+    return PolicyConfig(model_name="tiny", train_global_batch_size=2, train_micro_batch_size=1,
+                        max_total_sequence_length=64, num_workers=num_workers,
+                        megatron_cfg={"enabled": megatron})  # fmt: skip
+
+
+TORCH_POLICY = _policy()
+
+
+def _checkpoint(root: Path, step: int, trainer_state: bytes | None = None, without: str | None = None,
+                megatron_layout: dict | None = None) -> Path:  # fmt: skip
     path = root / f"step_{step}"
-    (path / ckpt.POLICY_DIR).mkdir(parents=True)
-    for name in (f"{ckpt.POLICY_DIR}/.metadata", ckpt.SCHEDULER_FILE, ckpt.RNG_FILE):
+    if megatron_layout is None:
+        weights = {f"{ckpt.POLICY_DIR}/.metadata": b"tensors"}
+    else:
+        layout = f"{ckpt.MEGATRON_DIR}/{ckpt.MEGATRON_LAYOUT_FILE}"
+        weights = {f"{ckpt.MEGATRON_DIR}/metadata.json": b"{}", layout: json.dumps(megatron_layout).encode()}
+    for name, content in {**weights, ckpt.SCHEDULER_FILE: b"tensors", ckpt.RNG_FILE: b"tensors"}.items():
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
         if name != without:
-            (path / name).write_bytes(b"tensors")
+            (path / name).write_bytes(content)
     state = json.dumps({"step": step, "curriculum": {"weights": [0.5, 0.25]}}, indent=2).encode()
     (path / ckpt.TRAINER_STATE_FILE).write_bytes(state if trainer_state is None else trainer_state)
     return path
@@ -159,5 +175,25 @@ def test_resume_never_picks_a_half_written_checkpoint_whatever_byte_its_trainer_
         newest = _checkpoint(root, 2, trainer_state=full_state[:cut])
         _checkpoint(root, 3, without=ckpt.SCHEDULER_FILE)  # a part never written
         (root / "tmp_step_4").mkdir()  # a save still in progress
-        assert resumable_checkpoint(root) == (newest if cut == len(full_state) else good), f"cut at {cut}"
-    assert resumable_checkpoint(tmp_path / "absent") is None
+        assert resumable_checkpoint(root, TORCH_POLICY) == (newest if cut == len(full_state) else good), (
+            f"cut at {cut}"
+        )
+    assert resumable_checkpoint(tmp_path / "absent", TORCH_POLICY) is None
+
+
+def test_resume_stops_in_one_line_on_a_checkpoint_of_the_other_backend_or_another_megatron_layout(tmp_path):
+    megatron = _policy(num_workers=2, megatron=True)
+    layout = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "data_parallel_size": 2}
+    torch_root, megatron_root = tmp_path / "torch", tmp_path / "megatron"
+    _checkpoint(torch_root, 1)
+    newest = _checkpoint(megatron_root, 2, megatron_layout=layout)
+    _checkpoint(megatron_root, 3, megatron_layout=layout, without=f"{ckpt.MEGATRON_DIR}/{ckpt.MEGATRON_LAYOUT_FILE}")
+    assert resumable_checkpoint(megatron_root, megatron) == newest  # step_3 is incomplete: skipped
+    expected = r"written by the torch backend \(policy/\), this run trains with the Megatron backend \(policy.megatron"
+    with pytest.raises(ckpt.CheckpointMismatchError, match=expected) as torch_into_megatron:
+        resumable_checkpoint(torch_root, megatron)
+    with pytest.raises(ckpt.CheckpointMismatchError, match="written by the Megatron backend") as megatron_into_torch:
+        resumable_checkpoint(megatron_root, TORCH_POLICY)
+    with pytest.raises(ckpt.CheckpointMismatchError, match="data_parallel_size=2 .*, this run has .*parallel_size=1"):
+        resumable_checkpoint(megatron_root, _policy(num_workers=1, megatron=True))
+    assert "\n" not in str(torch_into_megatron.value) + str(megatron_into_torch.value)

@@ -11,7 +11,8 @@ modules listed in :data:`PATCHED_MODULES` for :class:`_TorchOnCpu`, a view of to
 - ``torch.cuda.get_rng_state`` / ``set_rng_state`` / ``manual_seed`` are the CPU generator's: the model-parallel RNG
   tracker (``model_parallel_cuda_manual_seed``, ``get_cuda_rng_tracker().fork()``) keeps its per-TP-rank streams on
   the CPU generator, so weight init and dropout in TP regions stay reproducible.
-- ``torch.cuda.current_stream()`` / ``Stream`` / ``Event`` are no-ops: DDP's grad sync waits on streams and events
+- ``torch.cuda.synchronize()`` (``dist_checkpointing``'s writers), ``current_stream()`` / ``Stream`` / ``Event`` are
+  no-ops: DDP's grad sync waits on streams and events
   that do not exist on CPU (gloo's collectives are synchronous for these purposes).
 - ``device='cuda'`` in ``torch.tensor`` / ``zeros`` / ``empty`` / ``ones`` becomes the CPU: the grad-norm and
   found-inf scalars of the optimizers and grad clipping.
@@ -60,6 +61,12 @@ PATCHED_MODULES = (
     "megatron.core.pipeline_parallel.schedules",
     "megatron.core.pipeline_parallel.p2p_communication",
     "megatron.core.pipeline_parallel.utils",
+    "megatron.core.dist_checkpointing.exchange_utils",
+    "megatron.core.dist_checkpointing.strategies.async_utils",
+    "megatron.core.dist_checkpointing.strategies.filesystem_async",
+    "megatron.core.dist_checkpointing.strategies.fully_parallel",
+    "megatron.core.dist_checkpointing.strategies.state_dict_saver",
+    "megatron.core.dist_checkpointing.strategies.torch",
 )
 
 _CPU = torch.device("cpu")

@@ -19,6 +19,7 @@ The reference model (``init_reference_model``) is a CPU copy of this rank's init
 import tempfile
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -228,3 +229,42 @@ class MegatronPolicyWorker:
 
         if save_hf_folder(self.stack.model.module, self.stack.hf_config, directory) is not None:
             self.tokenizer.save_pretrained(directory)
+
+    # ---- checkpoints -----------------------------------------------------------------------------------------
+
+    def save_checkpoint(self, directory: str) -> dict[str, Any] | None:
+        """Every rank writes its shards to ``<directory>/megatron`` (a collective, see ``megatron.checkpoint``);
+        rank 0 also the model config and tokenizer, and returns the LR schedule's state for the Policy to write."""
+        from nemo_tau2.models.megatron.checkpoint import save_megatron_checkpoint
+        from nemo_tau2.models.policy.checkpoint import HF_CONFIG_DIR, MEGATRON_DIR
+
+        path = Path(directory)
+        save_megatron_checkpoint(self.stack, path / MEGATRON_DIR)
+        if self.rank != 0:
+            return None
+        self.stack.hf_config.save_pretrained(path / HF_CONFIG_DIR)
+        self.tokenizer.save_pretrained(path / HF_CONFIG_DIR)
+        return self.stack.scheduler.state_dict()
+
+    def load_checkpoint(self, directory: str, scheduler_state: dict[str, Any]) -> None:
+        """Read this rank's shards of a checkpoint written by the same TP/PP/DP layout (the Policy checks it)."""
+        from nemo_tau2.models.megatron.checkpoint import load_megatron_checkpoint
+        from nemo_tau2.models.policy.checkpoint import MEGATRON_DIR
+
+        load_megatron_checkpoint(self.stack, Path(directory) / MEGATRON_DIR, scheduler_state)
+
+    def get_rng_state(self) -> dict[str, Any]:
+        """This process's RNG states and megatron-core's model-parallel streams (dropout in TP regions)."""
+        from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+        from nemo_tau2.models.policy.checkpoint import get_rng_state
+
+        return {**get_rng_state(), "megatron_tracker": get_cuda_rng_tracker().get_states()}
+
+    def set_rng_state(self, state: dict[str, Any]) -> None:
+        from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+        from nemo_tau2.models.policy.checkpoint import set_rng_state
+
+        set_rng_state(state)
+        get_cuda_rng_tracker().set_states(state["megatron_tracker"])

@@ -14,6 +14,11 @@ The same format serves sharded (FSDP2) and unsharded training, and DCP reshards 
 N ranks loads into M ranks, sharded or not. It is written under ``tmp_step_<N>`` and renamed when complete, so a
 crash mid-save never leaves a ``step_<N>`` that :func:`latest_checkpoint` would pick. With several nodes,
 ``checkpoint_dir`` must be on a filesystem every rank sees.
+
+The Megatron backend (``policy.megatron_cfg.enabled``) writes ``megatron/`` instead of ``policy/``: megatron-core's
+distributed checkpoint (``metadata.json``, each rank's shards) and ``layout.json``, the TP/PP/DP sizes that wrote
+it, the only layout it loads into. A checkpoint of one backend is refused by the other in one line
+(:class:`CheckpointMismatchError`), as is another Megatron layout.
 """
 
 import contextlib
@@ -37,6 +42,8 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 logger = logging.getLogger(__name__)
 
 POLICY_DIR = "policy"
+MEGATRON_DIR = "megatron"
+MEGATRON_LAYOUT_FILE = "layout.json"
 SCHEDULER_FILE = "scheduler.pt"
 HF_CONFIG_DIR = "hf_config"
 RNG_FILE = "rng_state.pt"
@@ -140,13 +147,44 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def check_checkpoint_dir(directory: str | Path) -> Path:
-    """``directory`` as a Path, or a ValueError naming what is missing from it."""
+class CheckpointMismatchError(ValueError):
+    """A checkpoint this run cannot resume although it may be whole (another backend or Megatron layout): resuming
+    must stop on it, never skip it as incomplete and start afresh."""
+
+
+def _describe(layout: dict[str, int]) -> str:
+    return " ".join(f"{key}={value}" for key, value in sorted(layout.items()))
+
+
+def check_checkpoint_dir(directory: str | Path, megatron_layout: dict[str, int] | None) -> Path:
+    """``directory`` as a Path, or a one-line ValueError naming what is missing from it, or a
+    :class:`CheckpointMismatchError` when another backend or Megatron layout wrote it. ``megatron_layout``: this
+    run's (``megatron_config.megatron_layout``), None for the torch backend."""
     path = Path(directory)
-    parts = (f"{POLICY_DIR}/.metadata", SCHEDULER_FILE, RNG_FILE, TRAINER_STATE_FILE)
+    mine, other = (MEGATRON_DIR, POLICY_DIR) if megatron_layout is not None else (POLICY_DIR, MEGATRON_DIR)
+    if (path / other).is_dir() and not (path / mine).exists():
+        backends = {MEGATRON_DIR: "the Megatron backend", POLICY_DIR: "the torch backend"}
+        raise CheckpointMismatchError(
+            f"{str(path)!r} was written by {backends[other]} ({other}/), this run trains with {backends[mine]} "
+            f"(policy.megatron_cfg.enabled={str(megatron_layout is not None).lower()}): resume it with that backend, "
+            "or set another checkpointing.checkpoint_dir"
+        )
+    if megatron_layout is None:
+        parts = (f"{POLICY_DIR}/.metadata", SCHEDULER_FILE, RNG_FILE, TRAINER_STATE_FILE)
+    else:
+        weights = (f"{MEGATRON_DIR}/metadata.json", f"{MEGATRON_DIR}/{MEGATRON_LAYOUT_FILE}")
+        parts = (*weights, SCHEDULER_FILE, RNG_FILE, TRAINER_STATE_FILE)
     missing = [name for name in parts if not (path / name).exists()]
     if missing:
         raise ValueError(f"{str(path)!r} is not a complete checkpoint: missing {missing}")
+    if megatron_layout is not None:
+        written = json.loads((path / MEGATRON_DIR / MEGATRON_LAYOUT_FILE).read_text())
+        if written != megatron_layout:
+            raise CheckpointMismatchError(
+                f"{str(path)!r} was written by Megatron ranks {_describe(written)}, this run has "
+                f"{_describe(megatron_layout)}: resume with the policy.megatron_cfg parallel sizes and "
+                "policy.num_workers that wrote it"
+            )
     return path
 
 

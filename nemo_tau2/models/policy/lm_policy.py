@@ -30,6 +30,7 @@ from nemo_tau2.models.policy.batching import plan_micro_batches
 from nemo_tau2.models.policy.config import PolicyConfig
 from nemo_tau2.models.policy.data import TrainingSequence, even_split
 from nemo_tau2.models.policy.interfaces import LossFunction
+from nemo_tau2.models.policy.megatron_config import megatron_layout
 from nemo_tau2.models.policy.metrics import combine_microbatch_metrics, combine_step_metrics
 from nemo_tau2.models.policy.workers import LocalWorkerGroup, RayWorkerGroup
 
@@ -221,21 +222,14 @@ class Policy:
         self._workers.run("save_hf_model", [(str(path),)] * self._workers.world_size)
         return path
 
-    def _refuse_megatron_checkpoints(self) -> None:
-        if self.cfg.megatron_cfg.enabled:
-            raise ValueError(
-                "policy.megatron_cfg.enabled: the Megatron backend has no checkpoints yet (issue 28); set "
-                "checkpointing.enabled=false, or train with the torch backend"
-            )
-
     def save_checkpoint(self, checkpoint_dir: str | Path, trainer_state: dict[str, Any]) -> Path:
         """Write a complete checkpoint to ``checkpoint_dir`` (usually ``checkpoint.step_dir(root, step)``).
 
-        Weights and optimizer state (every rank its shards, torch.distributed.checkpoint), the scheduler state,
+        Weights and optimizer state (every rank its shards: torch.distributed.checkpoint, or megatron-core's
+        dist_checkpointing with ``megatron_cfg.enabled``, see ``checkpoint``), the scheduler state,
         the RNG states of this process and of every worker, the model config and tokenizer, and ``trainer_state``
         (JSON). Written to a temporary sibling directory and renamed when complete. Returns the directory.
         """
-        self._refuse_megatron_checkpoints()
         final = Path(checkpoint_dir)
         tmp = ckpt.temporary_dir(final)
         try:
@@ -258,10 +252,11 @@ class Policy:
 
         On the number of ranks that wrote it, the next :meth:`train` gives the same result as in the run that
         saved it (bit for bit on CPU). On another number of ranks (or sharded <-> unsharded) the weights and
-        optimizer state are resharded exactly; the workers' RNG states are then left as seeded.
+        optimizer state are resharded exactly; the workers' RNG states are then left as seeded. The Megatron
+        backend loads only the TP/PP/DP layout that wrote it; a checkpoint of the other backend or another layout is
+        a one-line :class:`~nemo_tau2.models.policy.checkpoint.CheckpointMismatchError`.
         """
-        self._refuse_megatron_checkpoints()
-        path = ckpt.check_checkpoint_dir(checkpoint_dir)
+        path = ckpt.check_checkpoint_dir(checkpoint_dir, megatron_layout(self.cfg.megatron_cfg, self.cfg.num_workers))
         scheduler_state = torch.load(path / ckpt.SCHEDULER_FILE, weights_only=False)  # our own file
         self._workers.run("load_checkpoint", [(str(path), scheduler_state)] * self._workers.world_size)
         # Our own file (python/numpy RNG states are not plain tensors): never load a checkpoint you did not write.

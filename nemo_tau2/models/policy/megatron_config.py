@@ -154,3 +154,14 @@ def check_megatron_architecture(megatron: MegatronConfig, hf_config: Any) -> Non
             f"policy.megatron_cfg.pipeline_model_parallel_size={pp} does not divide the model's "
             f"num_hidden_layers ({hf_config.num_hidden_layers}); pick a PP size that does"
         )
+
+
+def megatron_layout(megatron: MegatronConfig, num_workers: int) -> dict[str, int] | None:
+    """The TP/PP/DP sizes a Megatron checkpoint records and must be loaded with (None: the torch backend)."""
+    if not megatron.enabled:
+        return None
+    return {
+        "tensor_model_parallel_size": megatron.tensor_model_parallel_size,
+        "pipeline_model_parallel_size": megatron.pipeline_model_parallel_size,
+        "data_parallel_size": num_workers // megatron.model_parallel_size,
+    }

@@ -133,28 +133,6 @@ def test_grpo_with_fsdp2_on_two_ranks_raises_the_mean_reward(tiny_policy, tmp_pa
     assert sharded["margin"] > margin_before + 1.5, (margin_before, sharded)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="needs the megatron extra")
-def test_grpo_with_the_megatron_backend_serves_the_trained_weights(tiny_policy, tmp_path):
-    """2 steps with ``policy.megatron_cfg.enabled`` (one Ray actor rank, megatron-core in CPU mode on gloo): after
-    each step the hf engine gets the Megatron weights exported in HF layout, so what it samples at step 2 has the
-    trainer's logprobs (measured max |diff| 1.5e-6; one unsynced step moves them by far more than 1e-4)."""
-    cfg = _config(tmp_path, tiny_policy, "grpo.max_num_steps=2", "checkpointing.enabled=false",
-                  "policy.megatron_cfg.enabled=true")  # fmt: skip
-    train_rows, val_rows = grpo.load_rows(cfg)
-    s = grpo.setup(cfg, train_rows, val_rows)
-    try:
-        history = grpo.grpo_train(s)
-    finally:
-        s.close()
-    assert [step["train/num_optimizer_steps"] for step in history] == [1.0, 1.0]
-    assert history[0]["train/grad_norm"] > 0  # the first step moved the weights the second step samples with
-    for step in history:
-        assert step["train/rollout/num_infrastructure_errors"] == 0
-        assert step["train/generation_agreement/num_tokens"] > 0
-        assert step["train/generation_agreement/max_abs_logprob_diff"] < 1e-4, step
-        assert step["train/generation_agreement/token_mult_prob_error"] < 1.0001, step
-
-
 def test_async_grpo_with_max_age_1_raises_the_mean_reward(tiny_policy, tmp_path):
     """The same learning run with async GRPO: the hf engine in its own process generates the next step's groups
     while the trainer trains, each group trained at most one step after the weights that generated it (the
@@ -213,12 +191,35 @@ def test_async_grpo_with_in_flight_updates_and_max_age_2_raises_the_mean_reward(
     assert run["margin"] > margin_before + 1.5, (margin_before, run["margin"])
 
 
-def test_a_rerun_resumes_from_the_latest_checkpoint_with_its_weights(tiny_policy, tmp_path):
-    first = _config(tmp_path, tiny_policy, "grpo.max_num_steps=2", "checkpointing.save_period=1")
+def _check_weights_served_after_each_step(history: list[dict]) -> None:
+    assert [step["train/num_optimizer_steps"] for step in history] == [1.0, 1.0]
+    assert history[0]["train/grad_norm"] > 0  # the first step moved the weights the second step samples with
+    for step in history:
+        assert step["train/rollout/num_infrastructure_errors"] == 0
+        assert step["train/generation_agreement/num_tokens"] > 0
+        assert step["train/generation_agreement/max_abs_logprob_diff"] < 1e-4, step
+        assert step["train/generation_agreement/token_mult_prob_error"] < 1.0001, step
+
+
+MEGATRON = pytest.param(
+    "megatron",
+    marks=pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="needs the megatron extra"),
+)
+
+
+@pytest.mark.parametrize("backend", ["torch", MEGATRON])
+def test_a_rerun_resumes_from_the_latest_checkpoint_with_its_weights(tiny_policy, tmp_path, backend):
+    """With either training backend. The Megatron one (one Ray actor rank, megatron-core in CPU mode on gloo) also
+    shows its weights reach the hf engine after each step (HF export): what it samples at step 2 has the trainer's
+    logprobs (measured max |diff| 1.5e-6; one unsynced step moves them by far more than 1e-4)."""
+    backend_keys = ["policy.megatron_cfg.enabled=true"] if backend == "megatron" else []
+    first = _config(tmp_path, tiny_policy, "grpo.max_num_steps=2", "checkpointing.save_period=1", *backend_keys)
     train_rows, _ = grpo.load_rows(first)
     s = grpo.setup(first, train_rows, [])
     try:
-        grpo.grpo_train(s)
+        history = grpo.grpo_train(s)
+        if backend == "megatron":
+            _check_weights_served_after_each_step(history)
         weights_at_2 = {name: t.clone() for name, t in s.policy.state_dict_for_generation().items()}
         curriculum_at_2 = s.curriculum.state_dict()
         groups, _, _ = grpo.generate(s, 2)
@@ -232,7 +233,7 @@ def test_a_rerun_resumes_from_the_latest_checkpoint_with_its_weights(tiny_policy
         "step_2",
     ]
 
-    resumed = _config(tmp_path, tiny_policy, "grpo.max_num_steps=3", "checkpointing.save_period=1")
+    resumed = _config(tmp_path, tiny_policy, "grpo.max_num_steps=3", "checkpointing.save_period=1", *backend_keys)
     s = grpo.setup(resumed, train_rows, [])
     try:
         assert s.start_step == 2

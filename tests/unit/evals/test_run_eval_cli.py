@@ -136,6 +136,27 @@ def test_grpo_with_its_last_step_checkpointed_starts_nothing(tmp_path):
     assert not (tmp_path / "logs").exists() and not (tmp_path / "tiny").exists()  # no server, no model, no files
 
 
+def test_grpo_on_the_megatron_backend_refuses_a_torch_checkpoint_in_one_line(tmp_path):
+    step = tmp_path / "checkpoints" / "step_2"
+    (step / "policy").mkdir(parents=True)
+    for name in ("policy/.metadata", "scheduler.pt", "rng_state.pt"):
+        (step / name).touch()
+    (step / "trainer_state.json").write_text(json.dumps({"step": 2}))
+    result = _run(
+        ROOT / "examples" / "run_grpo.py",
+        "--config",
+        str(ROOT / "examples" / "configs" / "grpo_tau2_cpu_smoke.yaml"),
+        "policy.megatron_cfg.enabled=true",
+        f"checkpointing.checkpoint_dir={tmp_path / 'checkpoints'}",
+        f"logger.log_dir={tmp_path / 'logs'}",
+        f"policy.model_name={tmp_path / 'tiny'}",
+        cwd=tmp_path,
+        timeout=240,
+    )
+    _assert_one_line_user_error(result, "written by the torch backend (policy/)", "checkpointing.checkpoint_dir")
+    assert not (tmp_path / "logs").exists() and not (tmp_path / "tiny").exists()  # refused before anything started
+
+
 def test_grpo_unknown_split_is_one_line(tmp_path):
     result = _run(
         ROOT / "examples" / "run_grpo.py",

@@ -202,6 +202,68 @@ def training_pp2(tmp: Path) -> dict:
     return training(tmp, pp=2)
 
 
+def checkpoint_resume(tmp: Path, distributed_optimizer: bool = True) -> dict:
+    """DP=2 with the distributed optimizer (or a replicated one), an LR warm-up and weight decay: 2 steps, save,
+    2 more (the uninterrupted run); then megatron-core's state torn down and a stack built afresh from the HF
+    weights loads the checkpoint and takes the same 2 steps."""
+    from megatron.core import parallel_state
+
+    from nemo_tau2.algorithms.loss import ClippedPGLossConfig, ClippedPGLossFn
+    from nemo_tau2.generation.tiny_model import build_tiny_tokenizer
+    from nemo_tau2.models.megatron.checkpoint import load_megatron_checkpoint, save_megatron_checkpoint
+    from nemo_tau2.models.megatron.training import build_stack, train_global_batch
+    from nemo_tau2.models.policy.data import collate
+    from nemo_tau2.models.policy.lm_policy import global_normalisers
+    from tests.unit.models.policy.conftest import make_sequences
+
+    tokenizer = build_tiny_tokenizer()
+    hf_model, _ = tiny_hf_model("qwen3", vocab_size=-(-len(tokenizer) // 8) * 8)
+    if dist.get_rank() == 0:
+        hf_model.save_pretrained(tmp / "hf")
+        tokenizer.save_pretrained(tmp / "hf")
+    dist.barrier()
+    cfg = _training_config(tmp / "hf", 1, 1)
+    cfg.megatron_cfg.optimizer.weight_decay = 0.1
+    cfg.megatron_cfg.optimizer.use_distributed_optimizer = distributed_optimizer
+    cfg.megatron_cfg.scheduler.lr_warmup_iters = 6  # the LR of every step depends on the schedule's position
+    cfg.megatron_cfg.scheduler.lr_decay_iters = 10
+    pad = tokenizer.pad_token_id
+    sequences = make_sequences(4)
+    for seq in sequences:
+        seq.prev_logprobs = list(seq.generation_logprobs)
+    loss_fn = ClippedPGLossFn(ClippedPGLossConfig(reference_policy_kl_penalty=0.0))
+    valid_toks, valid_seqs = global_normalisers(sequences)
+
+    def steps(stack, count: int) -> list[dict]:
+        rank, size = parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
+        micro = [collate(sequences[rank::size], pad)]
+        out = [train_global_batch(stack, micro, loss_fn, valid_toks, valid_seqs, pad) for _ in range(count)]
+        return [{"loss": s["loss"], "grad_norm": s["grad_norm"], "lr": s["lr"]} for s in out]
+
+    initialize_megatron(1, 1, seed=0)
+    stack = build_stack(cfg, str(tmp / "hf"))
+    before = steps(stack, 2)
+    save_megatron_checkpoint(stack, tmp / "ckpt")
+    scheduler_state = stack.scheduler.state_dict()
+    uninterrupted = steps(stack, 2)
+    weights = {name: p.detach().clone() for name, p in stack.model.module.named_parameters()}
+    destroy_megatron()
+    initialize_megatron(1, 1, seed=0)
+    fresh = build_stack(cfg, str(tmp / "hf"))
+    load_megatron_checkpoint(fresh, tmp / "ckpt", scheduler_state)
+    resumed = steps(fresh, 2)
+    max_weight_diff = max(
+        (p.detach() - weights[name]).abs().max().item() for name, p in fresh.model.module.named_parameters()
+    )
+    destroy_megatron()
+    return {"before": before, "uninterrupted": uninterrupted, "resumed": resumed, "max_weight_diff": max_weight_diff,
+            "files": sorted(p.name for p in (tmp / "ckpt").iterdir())}  # fmt: skip
+
+
+def checkpoint_resume_replicated_optimizer(tmp: Path) -> dict:
+    return checkpoint_resume(tmp, distributed_optimizer=False)
+
+
 def _in_sequence(tmp: Path, names: list[str]) -> dict:
     """Several scenarios in the same processes, one after the other (each sets up and destroys megatron-core's
     parallel state), in folders of their own: one spawn pays the imports once."""
@@ -219,4 +281,14 @@ def one_process(tmp: Path) -> dict:
 
 
 def two_processes(tmp: Path) -> dict:
-    return _in_sequence(tmp, ["conversion_tp2", "training_dp2", "training_tp2", "training_pp2"])
+    return _in_sequence(
+        tmp,
+        [
+            "conversion_tp2",
+            "training_dp2",
+            "training_tp2",
+            "training_pp2",
+            "checkpoint_resume",
+            "checkpoint_resume_replicated_optimizer",
+        ],
+    )

@@ -1,7 +1,8 @@
 """``Policy`` with ``policy.megatron_cfg.enabled``: the Megatron worker (one Ray actor, gloo, CPU mode) behind the
 interface the GRPO loop uses gives the torch Policy's logprobs, loss trajectory and metrics on the tiny Llama (tied
 head, 591-token vocabulary), keeps the initial weights as its reference model, and exports weights (stream and HF
-folder) that transformers loads with the trained logits.
+folder) that transformers loads with the trained logits. A DP=2 checkpoint resumes in fresh actors with the
+uninterrupted run's losses and weights; a checkpoint of the other backend is refused in one line.
 
 One Ray start for the module: the fixture runs the whole exchange once and the tests read its results.
 """
@@ -16,7 +17,8 @@ from transformers import AutoModelForCausalLM
 
 from nemo_tau2.algorithms.loss import ClippedPGLossConfig, ClippedPGLossFn
 from nemo_tau2.generation.tiny_model import build_tiny_model
-from nemo_tau2.models.policy import Policy, PolicyConfig
+from nemo_tau2.models.policy import Policy, PolicyConfig, step_dir
+from nemo_tau2.models.policy.checkpoint import CheckpointMismatchError
 from tests.torch_threads import _one_torch_thread  # noqa: F401  (autouse)
 from tests.unit.models.policy.conftest import make_sequences
 
@@ -61,24 +63,49 @@ def _exchange(policy: Policy, tmp_path) -> dict:
     return result
 
 
+def _two_more_steps(policy: Policy) -> dict:
+    sequences = make_sequences(4)
+    for seq in sequences:
+        seq.prev_logprobs = list(seq.generation_logprobs)
+    metrics = [policy.train(sequences, NO_KL) for _ in range(TRAIN_STEPS)]
+    return {"metrics": metrics, "weights": {name: t.clone() for name, t in policy.stream_weights_for_generation()}}
+
+
+def _refusal(policy: Policy, checkpoint) -> str:
+    with pytest.raises(CheckpointMismatchError) as refused:
+        policy.load_checkpoint(checkpoint)
+    return str(refused.value)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
     tiny = build_tiny_model(seed=0)
     torch_run = Policy(_config(False), model=copy.deepcopy(tiny.model), tokenizer=tiny.tokenizer)
     plain = _exchange(torch_run, tmp_path_factory.mktemp("torch"))
-    ray.init(num_cpus=2, include_dashboard=False)  # one Ray for both Megatron Policies (each leaves it running)
+    torch_checkpoint = torch_run.save_checkpoint(step_dir(tmp_path_factory.mktemp("torch_ckpt"), 2), {"step": 2})
+    refusals = {}
+    ray.init(num_cpus=2, include_dashboard=False)  # one Ray for the Megatron Policies (each leaves it running)
     try:
         with Policy(_config(True), model=copy.deepcopy(tiny.model), tokenizer=tiny.tokenizer,
                     init_reference_model=True) as policy:  # fmt: skip
             megatron = _exchange(policy, tmp_path_factory.mktemp("megatron"))
-            with pytest.raises(ValueError, match="megatron_cfg.enabled: the Megatron backend has no checkpoints"):
-                policy.save_checkpoint(tmp_path_factory.mktemp("ckpt") / "step_1", {"step": 1})
+            refusals["torch_into_megatron"] = _refusal(policy, torch_checkpoint)
         # DP=2: 2 ranks, each its own plan; 5 sequences for logprobs leave one rank an empty (padding) micro-batch
         with Policy(_config(True, num_workers=2), model=copy.deepcopy(tiny.model), tokenizer=tiny.tokenizer) as dp2:
             data_parallel = _exchange(dp2, tmp_path_factory.mktemp("dp2"))
+            saved = dp2.save_checkpoint(step_dir(tmp_path_factory.mktemp("dp2_ckpt"), 2), {"step": 2, "pos": 8})
+            uninterrupted = _two_more_steps(dp2)
+        # fresh actors (fresh processes) from the initial weights, as a resumed run builds them
+        with Policy(_config(True, num_workers=2), model=copy.deepcopy(tiny.model), tokenizer=tiny.tokenizer) as again:
+            trainer_state = again.load_checkpoint(saved)
+            resumed = _two_more_steps(again)
     finally:
         ray.shutdown()
-    return {"torch": plain, "megatron": megatron, "dp2": data_parallel, "tokenizer": tiny.tokenizer}
+    refusals["megatron_into_torch"] = _refusal(torch_run, saved)
+    files = sorted(str(path.relative_to(saved)) for path in saved.rglob("*"))
+    return {"torch": plain, "megatron": megatron, "dp2": data_parallel, "tokenizer": tiny.tokenizer,
+            "uninterrupted": uninterrupted, "resumed": resumed, "trainer_state": trainer_state, "checkpoint": files,
+            "refusals": refusals}  # fmt: skip
 
 
 def _max_diff(rows_a: list[list[float]], rows_b: list[list[float]]) -> float:
@@ -130,3 +157,30 @@ def test_two_data_parallel_ranks_give_the_single_rank_logprobs_and_trajectory(ru
         assert got["loss"] == pytest.approx(expected["loss"], abs=LOSS_TOLERANCE)
         assert got["num_valid_tokens"] == expected["num_valid_tokens"]  # each rank's metrics counted once
         assert got["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-5)
+
+
+def test_a_dp2_checkpoint_resumes_in_fresh_actors_with_the_uninterrupted_losses_and_weights(runs):
+    resumed, uninterrupted = runs["resumed"], runs["uninterrupted"]
+    for got, expected in zip(resumed["metrics"], uninterrupted["metrics"], strict=True):
+        for key in ("loss", "grad_norm", "lr", "num_valid_tokens"):
+            assert got[key] == pytest.approx(expected[key], abs=1e-9), key  # measured: bit-exact on CPU
+    assert sorted(resumed["weights"]) == sorted(uninterrupted["weights"])
+    for name, tensor in resumed["weights"].items():
+        assert (tensor - uninterrupted["weights"][name]).abs().max().item() <= 1e-9, name
+    assert runs["trainer_state"] == {"step": 2, "pos": 8}
+    assert {"megatron/metadata.json", "megatron/layout.json", "scheduler.pt", "rng_state.pt",
+            "hf_config/config.json", "trainer_state.json"} <= set(runs["checkpoint"])  # fmt: skip
+    assert not any(name.startswith("policy") for name in runs["checkpoint"])
+
+
+def test_a_checkpoint_of_the_other_backend_is_refused_in_one_line(runs):
+    refusals = runs["refusals"]
+    assert (
+        "written by the torch backend (policy/), this run trains with the Megatron backend"
+        in (refusals["torch_into_megatron"])
+    )
+    assert (
+        "written by the Megatron backend (megatron/), this run trains with the torch backend"
+        in (refusals["megatron_into_torch"])
+    )
+    assert all("\n" not in message for message in refusals.values())
