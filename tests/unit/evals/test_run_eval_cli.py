@@ -114,12 +114,17 @@ def test_a_partly_done_run_says_how_much_is_resumed(tmp_path):
     assert "resuming: 3 of 4 episodes already done" in result.stderr
 
 
-def test_grpo_with_its_last_step_checkpointed_starts_nothing(tmp_path):
-    step = tmp_path / "checkpoints" / "step_3"
-    (step / "policy").mkdir(parents=True)
+def _torch_checkpoint(checkpoints: Path, step: int) -> None:
+    """The files of a torch-backend checkpoint of ``step`` (empty: the runs below refuse or finish before reading)."""
+    folder = checkpoints / f"step_{step}"
+    (folder / "policy").mkdir(parents=True)
     for name in ("policy/.metadata", "scheduler.pt", "rng_state.pt"):
-        (step / name).touch()
-    (step / "trainer_state.json").write_text(json.dumps({"step": 3}))
+        (folder / name).touch()
+    (folder / "trainer_state.json").write_text(json.dumps({"step": step}))
+
+
+def test_grpo_with_its_last_step_checkpointed_starts_nothing(tmp_path):
+    _torch_checkpoint(tmp_path / "checkpoints", 3)
     result = _run(
         ROOT / "examples" / "run_grpo.py",
         "--config",
@@ -137,11 +142,7 @@ def test_grpo_with_its_last_step_checkpointed_starts_nothing(tmp_path):
 
 
 def test_grpo_on_the_megatron_backend_refuses_a_torch_checkpoint_in_one_line(tmp_path):
-    step = tmp_path / "checkpoints" / "step_2"
-    (step / "policy").mkdir(parents=True)
-    for name in ("policy/.metadata", "scheduler.pt", "rng_state.pt"):
-        (step / name).touch()
-    (step / "trainer_state.json").write_text(json.dumps({"step": 2}))
+    _torch_checkpoint(tmp_path / "checkpoints", 2)
     result = _run(
         ROOT / "examples" / "run_grpo.py",
         "--config",
