@@ -241,9 +241,10 @@ class RayGeneration:
                     reason = "its actor did not answer for 30 s"
                 except ray.exceptions.RayError:
                     reason = "its actor or node is gone"
-                if reason is not None and not self._stopping.is_set():
-                    with self._lock:
-                        if self.replicas[index] is replica:
+                if reason is not None:
+                    with self._lock:  # stop() may have emptied the list meanwhile
+                        live = not self._stopping.is_set() and index < len(self.replicas)
+                        if live and self.replicas[index] is replica:
                             self._replace(index, reason)
 
     def _replace(self, index: int, reason: str) -> None:
@@ -255,6 +256,7 @@ class RayGeneration:
         self.lost.append({"index": index, "node_id": replica["node_id"], "base_url": replica["base_url"]})
         if replica["restarts"] < self.cluster.generation_replica_restarts:
             logger.warning("generation replica %d at %s lost (%s): restarting it", index, replica["base_url"], reason)
+            actor = None
             try:
                 port = int(replica["base_url"].removesuffix("/v1").rsplit(":", 1)[1])
                 actor = self._actor(index, port)
@@ -269,6 +271,9 @@ class RayGeneration:
                 reason += f"; its restart came up at {report['base_url']}, not its URL"
             except (GenerationStartupError, ray.exceptions.RayError) as e:
                 reason += f"; its restart failed: {e}"
+                if actor is not None:
+                    with contextlib.suppress(ray.exceptions.RayError, ValueError):
+                        ray.kill(actor)
         logger.warning("generation replica %d at %s dropped (%s)", index, replica["base_url"], reason)
         self.replicas[index] = None
         with contextlib.suppress(ValueError):
