@@ -4,10 +4,12 @@ played step by step through the resources server's own release code and scored b
 
 import pytest
 
-from nemo_tau2.env_api import Tau2Env
+from nemo_tau2.env_api import GymServerUrls, Tau2Env
 from nemo_tau2.env_api.config import Tau2EnvConfig
 from nemo_tau2.env_api.release_tasks import ReleaseTasks
 from nemo_tau2.generation.launch import GenerationHandle
+from nemo_tau2.gym.launch import GymServers, ServerSpec
+from nemo_tau2.gym.stack import RESOURCES_SERVER, RESOURCES_SERVER_CLASS, USER_MODEL, ModelEndpoint, model_server_spec
 from nemo_tau2.tau2_release.config import NLJudgeConfig, Tau2ReleaseConfig
 from nemo_tau2.testing import start_fake_server
 from tests.tau2_v1_env import tau2_v1_python
@@ -50,6 +52,26 @@ def test_tau2env_plays_v101_through_its_workers_and_scores_as_the_release(user_e
         assert wrong["reward"] == 0.0 and wrong["db_match"] is False and wrong["tau2_version"] == "v1.0.1"
     finally:
         env.close()
+
+
+def test_tau2env_against_running_gym_servers_of_v101_scores_as_in_process(user_endpoint, judge):
+    """The same episodes against a running resources server of v1.0.1 (and a user model server): the session and
+    the verdict are that server's, the tasks and tools the release's; the scores are the in-process ones."""
+    release = _release(judge)
+    resources = ServerSpec(
+        RESOURCES_SERVER, "resources_servers", "tau2", RESOURCES_SERVER_CLASS,
+        {"domain": "agent", "domains": ["airline"], "tau2": release},
+    )  # fmt: skip
+    user_model = model_server_spec(USER_MODEL, ModelEndpoint(user_endpoint.base_urls, user_endpoint.model_name))
+    with GymServers([resources, user_model]) as servers:
+        urls = GymServerUrls(servers.url(RESOURCES_SERVER), servers.url(USER_MODEL))
+        env = Tau2Env("airline", task_ids=UNCHANGED_AIRLINE, user=USER, gym_servers=urls, tau2=release)
+        try:
+            oracle, wrong = _play(env, 0, "oracle"), _play(env, 1, "wrong_argument")
+        finally:
+            env.close()
+    assert (oracle["reward"], oracle["tau2_version"], oracle["termination_reason"]) == (1.0, "v1.0.1", "user_stop")
+    assert (wrong["reward"], wrong["db_match"], wrong["tau2_version"]) == (0.0, False, "v1.0.1")
 
 
 def test_tau2env_on_v101_takes_the_releases_tools_reward_basis_and_task_ids(worker):
