@@ -19,6 +19,9 @@ Per trainer rank (``policy.num_workers`` ranks, on GPUs of ``cluster.gpu_memory_
   metric) over ``T`` positions at once or ``logprob_chunk_size`` with chunking;
 - a fixed runtime overhead (CUDA context, NCCL buffers, allocator slack).
 
+With ``policy.megatron_cfg``: a rank of the first pipeline stage, its ``ceil(blocks / PP)`` layers and the vocab
+split over TP, master weights and Adam moments over DP (distributed optimizer), ``PP`` micro-batches in flight (1F1B).
+
 Per generation GPU (vLLM): ``gpu_memory_utilization`` of the GPU, minus the weights in ``vllm_cfg.precision`` (over
 ``tensor_parallel_size``) and a workspace, leaves the KV cache; the plan reports how many full
 ``max_model_len`` sequences it holds (at least one, or vLLM refuses to start). vLLM's CPU build
@@ -115,6 +118,8 @@ def _activation_bytes_per_token_per_block(m: ModelShape, c: int) -> float:
 
 def trainer_plan(cfg: PolicyConfig, m: ModelShape, *, reference: bool, budget: tuple[float, str]) -> DevicePlan:
     """One trainer rank's bytes (see the module docstring) against ``budget`` (bytes, where they come from)."""
+    if cfg.megatron_cfg.enabled:
+        return _megatron_trainer_plan(cfg, m, reference=reference, budget=budget)
     n = cfg.num_workers
     p = m.parameters
     sharded = cfg.dtensor_cfg.enabled
@@ -159,6 +164,47 @@ def trainer_plan(cfg: PolicyConfig, m: ModelShape, *, reference: bool, budget: t
     chunk = min(cfg.logprob_chunk_size or tokens, tokens)
     logits = tokens * m.vocab_size * (2 * c) + chunk * m.vocab_size * 12  # logits + grad; fp32 chunk + entropy
     logits_label = f"logits (vocab {m.vocab_size}, fp32 softmax over {chunk} positions at a time)"
+    for name, value in ((label, activations), (logits_label, logits)):
+        plan.items[name] = value * TOKEN_BYTES_SCALE
+        plan.token_items.append(name)
+    if on_gpu:
+        plan.items["CUDA context, NCCL, allocator slack"] = RUNTIME_OVERHEAD_BYTES
+    return plan
+
+
+def _megatron_trainer_plan(
+    cfg: PolicyConfig, m: ModelShape, *, reference: bool, budget: tuple[float, str]
+) -> DevicePlan:
+    """:func:`trainer_plan` for ``policy.megatron_cfg``: a rank of the first pipeline stage (the fullest)."""
+    c, mc, on_gpu = (2 if cfg.precision == "bfloat16" else 4), cfg.megatron_cfg, cfg.device == "cuda"
+    tp, pp = mc.tensor_model_parallel_size, mc.pipeline_model_parallel_size
+    what = f"Megatron rank {'GPU' if on_gpu else '(CPU)'} (TP {tp}, PP {pp}, first stage)"
+    plan = DevicePlan(what=what, count=cfg.num_workers, budget_bytes=budget[0], budget_source=budget[1], on_gpu=on_gpu)
+    layers = math.ceil(m.num_blocks / pp)
+    share = (m.block_parameters * layers + m.root_parameters) / tp  # each layer's matrices and the vocab over TP
+    over = max(1, cfg.num_workers // (tp * pp)) if mc.optimizer.use_distributed_optimizer else 1
+    plan.items[f"weights ({'bf16' if c == 2 else 'fp32'}), 1/{tp} of {layers} of {m.num_blocks} layers"] = c * share
+    plan.items["gradients (fp32 main_grad)"] = 4 * share
+    if c == 2:
+        plan.items[f"fp32 master weights (over {over} DP rank(s))"] = 4 * share / over
+    plan.items[f"optimizer state (8 B/param, over {over} DP rank(s))"] = 8 * share / over
+    if reference:
+        plan.items["reference model (compute dtype)"] = c * share
+    h, i, q, kv = m.hidden_size, m.intermediate_size, m.attention_width, m.kv_width
+    whole = 2 * (4 * h + c * h) + 2 * c * h  # norms, attention and MLP inputs: on every TP rank (unless SP)
+    split = c * (q + 2 * kv) + 4 * (q + kv) + 2 * c * q + 4 * c * i  # the TP-split matrices' outputs
+    per_layer = (whole + split) / tp if mc.sequence_parallel else whole + split / tp
+    tokens = cfg.train_micro_batch_size * cfg.max_total_sequence_length
+    if mc.activation_checkpointing:  # 1F1B: the first stage keeps pp micro-batches of its layers in flight
+        inputs = c * h / (tp if mc.sequence_parallel else 1)
+        activations = tokens * (pp * layers * inputs + per_layer)
+        label = f"activations, {tokens} tokens x {pp} in flight (checkpointed: layer inputs + 1 layer)"
+    else:
+        activations = tokens * pp * layers * per_layer
+        label = f"activations, {tokens} tokens x {pp} in flight ({layers} layers)"
+    chunk = min(cfg.logprob_chunk_size or tokens, tokens)
+    logits = (tokens * 2 * c + chunk * 12) * m.vocab_size / tp
+    logits_label = f"logits (vocab {m.vocab_size} / TP {tp}, last stage; fp32 softmax over {chunk} positions)"
     for name, value in ((label, activations), (logits_label, logits)):
         plan.items[name] = value * TOKEN_BYTES_SCALE
         plan.token_items.append(name)

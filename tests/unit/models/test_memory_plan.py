@@ -197,3 +197,31 @@ def test_plan_warns_when_the_generation_gpus_outrun_the_configured_replicas(monk
     code, out, err = _run_grpo_main(monkeypatch, capsys, "--config", str(config), "--plan", *enough)
     assert code == 0, err
     assert "Gym capacity" in out and "warning" not in out
+
+
+def test_megatron_splits_layers_and_vocab_over_tp_and_pp_and_the_optimizer_over_dp(qwen3_4b):
+    """A Megatron rank of the first stage holds ceil(36 / PP) layers and the root, each over TP; the distributed
+    optimizer puts master weights and moments over DP; sequence parallelism splits the rest of the activations."""
+
+    def rank(tp: int, pp: int, **megatron) -> dict:
+        cfg = _policy(num_workers=8, megatron_cfg={"enabled": True, "tensor_model_parallel_size": tp,
+                                                   "pipeline_model_parallel_size": pp, **megatron})  # fmt: skip
+        return make_plan(cfg, ClusterConfig(), reference=False, shape=qwen3_4b).devices[0].items
+
+    blocks, root = qwen3_4b.block_parameters, qwen3_4b.root_parameters
+    one, split = rank(1, 1), rank(2, 2)
+    assert one["weights (bf16), 1/1 of 36 of 36 layers"] == 2 * qwen3_4b.parameters
+    share = (blocks * 18 + root) / 2
+    assert split["weights (bf16), 1/2 of 18 of 36 layers"] == pytest.approx(2 * share)
+    assert split["optimizer state (8 B/param, over 2 DP rank(s))"] == pytest.approx(8 * share / 2)
+    assert one["optimizer state (8 B/param, over 8 DP rank(s))"] == pytest.approx(8 * qwen3_4b.parameters / 8)
+    replicated = rank(2, 2, optimizer={"use_distributed_optimizer": False})
+    assert replicated["optimizer state (8 B/param, over 1 DP rank(s))"] == pytest.approx(8 * share)
+
+    def activations(items: dict) -> float:
+        return next(value for name, value in items.items() if name.startswith("activations"))
+
+    # 1F1B keeps PP micro-batches of 1/PP of the layers: PP alone does not shrink the first stage's activations
+    assert activations(rank(1, 2)) == pytest.approx(activations(one))
+    assert activations(one) > activations(rank(2, 1)) > activations(rank(2, 1, sequence_parallel=True))
+    assert activations(rank(2, 1, sequence_parallel=True)) == pytest.approx(activations(one) / 2)
