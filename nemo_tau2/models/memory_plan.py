@@ -107,13 +107,28 @@ def _optimizer_bytes_per_param(cfg: PolicyConfig) -> tuple[int, str | None]:
     return 8, f"optimizer {name}: assumed 8 bytes of state per parameter"
 
 
-def _activation_bytes_per_token_per_block(m: ModelShape, c: int) -> float:
-    """What autograd keeps for one token through one Llama/Qwen block (c: bytes of the compute dtype)."""
+def _block_activation_parts(m: ModelShape, c: int) -> tuple[float, float]:
+    """What autograd keeps for one token through one Llama/Qwen block (c: bytes of the compute dtype), in two parts:
+    the norms and the attention and MLP inputs (whole on every Megatron TP rank), and the outputs of the matrices
+    tensor parallelism splits (q/k/v, q/k norms, attention out; gate, act(gate), up, down input)."""
     h, i, q, kv = m.hidden_size, m.intermediate_size, m.attention_width, m.kv_width
     norms = 2 * (4 * h + c * h)  # two RMSNorms: fp32 input and the normalised output
-    attention = c * h + c * (q + 2 * kv) + 4 * (q + kv) + 2 * c * q  # qkv input and outputs, q/k norms, out
-    mlp = c * h + 4 * c * i  # gate/up input, gate, act(gate), up, down input
-    return norms + attention + mlp
+    inputs = 2 * c * h  # of qkv and of gate/up
+    return norms + inputs, c * (q + 2 * kv) + 4 * (q + kv) + 2 * c * q + 4 * c * i
+
+
+def _activation_bytes_per_token_per_block(m: ModelShape, c: int) -> float:
+    return sum(_block_activation_parts(m, c))
+
+
+def _add_token_items(plan: DevicePlan, items: list[tuple[str, float]]) -> None:
+    """The items that grow with the micro-batch's tokens (scaled by the measured correction), then the runtime
+    overhead of a GPU: the last items of every trainer plan."""
+    for name, value in items:
+        plan.items[name] = value * TOKEN_BYTES_SCALE
+        plan.token_items.append(name)
+    if plan.on_gpu:
+        plan.items["CUDA context, NCCL, allocator slack"] = RUNTIME_OVERHEAD_BYTES
 
 
 def trainer_plan(cfg: PolicyConfig, m: ModelShape, *, reference: bool, budget: tuple[float, str]) -> DevicePlan:
@@ -164,11 +179,7 @@ def trainer_plan(cfg: PolicyConfig, m: ModelShape, *, reference: bool, budget: t
     chunk = min(cfg.logprob_chunk_size or tokens, tokens)
     logits = tokens * m.vocab_size * (2 * c) + chunk * m.vocab_size * 12  # logits + grad; fp32 chunk + entropy
     logits_label = f"logits (vocab {m.vocab_size}, fp32 softmax over {chunk} positions at a time)"
-    for name, value in ((label, activations), (logits_label, logits)):
-        plan.items[name] = value * TOKEN_BYTES_SCALE
-        plan.token_items.append(name)
-    if on_gpu:
-        plan.items["CUDA context, NCCL, allocator slack"] = RUNTIME_OVERHEAD_BYTES
+    _add_token_items(plan, [(label, activations), (logits_label, logits)])
     return plan
 
 
@@ -190,13 +201,11 @@ def _megatron_trainer_plan(
     plan.items[f"optimizer state (8 B/param, over {over} DP rank(s))"] = 8 * share / over
     if reference:
         plan.items["reference model (compute dtype)"] = c * share
-    h, i, q, kv = m.hidden_size, m.intermediate_size, m.attention_width, m.kv_width
-    whole = 2 * (4 * h + c * h) + 2 * c * h  # norms, attention and MLP inputs: on every TP rank (unless SP)
-    split = c * (q + 2 * kv) + 4 * (q + kv) + 2 * c * q + 4 * c * i  # the TP-split matrices' outputs
+    whole, split = _block_activation_parts(m, c)  # whole on every TP rank unless sequence parallelism splits it
     per_layer = (whole + split) / tp if mc.sequence_parallel else whole + split / tp
     tokens = cfg.train_micro_batch_size * cfg.max_total_sequence_length
     if mc.activation_checkpointing:  # 1F1B: the first stage keeps pp micro-batches of its layers in flight
-        inputs = c * h / (tp if mc.sequence_parallel else 1)
+        inputs = c * m.hidden_size / (tp if mc.sequence_parallel else 1)
         activations = tokens * (pp * layers * inputs + per_layer)
         label = f"activations, {tokens} tokens x {pp} in flight (checkpointed: layer inputs + 1 layer)"
     else:
@@ -205,11 +214,7 @@ def _megatron_trainer_plan(
     chunk = min(cfg.logprob_chunk_size or tokens, tokens)
     logits = (tokens * 2 * c + chunk * 12) * m.vocab_size / tp
     logits_label = f"logits (vocab {m.vocab_size} / TP {tp}, last stage; fp32 softmax over {chunk} positions)"
-    for name, value in ((label, activations), (logits_label, logits)):
-        plan.items[name] = value * TOKEN_BYTES_SCALE
-        plan.token_items.append(name)
-    if on_gpu:
-        plan.items["CUDA context, NCCL, allocator slack"] = RUNTIME_OVERHEAD_BYTES
+    _add_token_items(plan, [(label, activations), (logits_label, logits)])
     return plan
 
 
