@@ -8,19 +8,17 @@ the evaluator's metrics, and the newest whole checkpoint to resume from. The con
 
 import asyncio
 import logging
-import os
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from nemo_tau2.cluster import ray_connection
 from nemo_tau2.evals.metrics import EpisodeRecord, compute_eval_metrics
 from nemo_tau2.evals.results import RolloutLog, record_of
 from nemo_tau2.experience.progress import RolloutProgress
 from nemo_tau2.experience.rollouts import RolloutResult, SamplingParams, run_async_nemo_gym_rollout
 from nemo_tau2.generation.launch import GenerationHandle, start_generation
-from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec, ray_bundles
+from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec, run_ray
 from nemo_tau2.models.memory_plan import MemoryPlan, make_plan
 from nemo_tau2.models.model_shape import find_model_config, model_shape
 from nemo_tau2.models.policy import checkpoint as ckpt
@@ -134,8 +132,7 @@ def open_cluster(cfg: Any, resources: ExitStack) -> None:
     if cluster.ray_address is None and not on_ray and cfg.policy.num_workers == 1:
         return
     trainer_cpus = cfg.policy.num_workers if cfg.policy.num_workers > 1 else 0
-    num_cpus = max(os.cpu_count() or 1, trainer_cpus + ray_bundles(cluster, gym, cfg.policy.generation))
-    resources.enter_context(ray_connection(cluster, num_cpus=num_cpus))
+    resources.enter_context(run_ray(cluster, gym, cfg.policy.generation, trainer_cpus=trainer_cpus))
 
 
 def start_rollout_stack(

@@ -18,7 +18,7 @@ replica, and the rollout spreads episodes over them.
 import logging
 import os
 import tempfile
-from contextlib import ExitStack
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,13 +36,16 @@ from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
 logger = logging.getLogger(__name__)
 
 
-def ray_bundles(cluster: ClusterConfig, gym: NemoGymEnvConfig, policy: GenerationConfig | None) -> int:
-    """How many one-CPU bundles a run places on Ray: its Gym replicas and its policy's generation replicas (a local
-    Ray is started with at least that many CPUs, so that everything placed finds room)."""
+def run_ray(
+    cluster: ClusterConfig, gym: NemoGymEnvConfig, policy: GenerationConfig | None, *, trainer_cpus: int = 0
+) -> AbstractContextManager:
+    """The run's Ray (:func:`~nemo_tau2.cluster.ray_connection`); a local one gets at least a CPU for each trainer
+    rank and each one-CPU bundle the run places (its Gym replicas, its policy's generation replicas), so that
+    everything placed finds room. Opened once, first, by an eval (here) or a training run (``open_cluster``)."""
     bundles = gym.agent_replicas + gym.resources_replicas if cluster.gym_placement == "ray" else 0
     if cluster.generation_placement == "ray" and policy is not None:
         bundles += policy.ray_replica_count(cluster)
-    return bundles
+    return ray_connection(cluster, num_cpus=max(os.cpu_count() or 1, trainer_cpus + bundles))
 
 
 @dataclass
@@ -102,8 +105,7 @@ class Tau2Environment:
             cluster = self.spec.cluster
             if "ray" in (cluster.gym_placement, cluster.generation_placement):  # one Ray, sized for all it holds
                 policy = self.spec.policy if isinstance(self.spec.policy, GenerationConfig) else None
-                cpus = max(os.cpu_count() or 1, ray_bundles(cluster, gym, policy))
-                self._stack.enter_context(ray_connection(cluster, num_cpus=cpus))
+                self._stack.enter_context(run_ray(cluster, gym, policy))
             on_ray = cluster.gym_placement == "ray"
             fork_server = None  # local servers: started first, so that its imports overlap the endpoints' start
             if not on_ray:
