@@ -122,7 +122,12 @@ class AsyncTau2Env:
         else:  # its tasks, tools and prompts from its own workers, started here (each imports tau2: seconds)
             if gym_servers is None:
                 self._release = WorkerRelease(release)
-            self._release_tasks = ReleaseTasks.load(self.config, self._release and self._release.worker)
+            try:
+                self._release_tasks = ReleaseTasks.load(self.config, self._release and self._release.worker)
+            except BaseException:  # a split or task the release has not: its workers must not outlive the refusal
+                if self._release is not None:
+                    self._release.close()
+                raise
             self.task_ids, tools = self._release_tasks.task_ids, self._release_tasks.tools
         self.tools = tools + ([RESPOND_USER_TOOL] if respond_user else [])
         self.np_random, _ = seeding.np_random(seed)

@@ -2,6 +2,7 @@
 played step by step through the resources server's own release code and scored by the release's
 ``evaluate_simulation``."""
 
+import psutil
 import pytest
 
 from nemo_tau2.env_api import GymServerUrls, Tau2Env
@@ -10,6 +11,7 @@ from nemo_tau2.env_api.release_tasks import ReleaseTasks
 from nemo_tau2.generation.launch import GenerationHandle
 from nemo_tau2.gym.launch import GymServers, ServerSpec
 from nemo_tau2.gym.stack import RESOURCES_SERVER, RESOURCES_SERVER_CLASS, USER_MODEL, ModelEndpoint, model_server_spec
+from nemo_tau2.tau2_release.client import WORKER_FILE
 from nemo_tau2.tau2_release.config import NLJudgeConfig, Tau2ReleaseConfig
 from nemo_tau2.testing import start_fake_server
 from tests.tau2_v1_env import tau2_v1_python
@@ -86,3 +88,14 @@ def test_tau2env_on_v101_takes_the_releases_tools_reward_basis_and_task_ids(work
     wrong = config.model_copy(update={"split": None, "task_ids": ["nope"]})
     with pytest.raises(ValueError, match=r"Tau2Env.task_ids: not in tau2 v1.0.1's tasks: \['nope'\]"):
         ReleaseTasks.load(wrong, worker)
+
+
+def test_a_refused_task_id_leaves_no_worker_of_the_release_running(user_endpoint, judge):
+    def workers() -> set[int]:
+        children = psutil.Process().children(recursive=True)
+        return {p.pid for p in children if p.is_running() and any(str(WORKER_FILE) in part for part in p.cmdline())}
+
+    before = workers()
+    with pytest.raises(ValueError, match=r"Tau2Env.task_ids: not in tau2 v1.0.1's tasks: \['nope'\]"):
+        Tau2Env("airline", task_ids=["nope"], user=USER, user_endpoint=user_endpoint, tau2=_release(judge))
+    assert workers() == before
