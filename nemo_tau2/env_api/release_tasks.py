@@ -2,11 +2,10 @@
 gives them through its worker (the same rows ``run_eval.py`` plays: system prompt, greeting, tools), the policy's
 tools in Chat Completions format, and each task's reward basis. Nothing of the release is read in this process."""
 
-import contextlib
 from dataclasses import dataclass
 
 from nemo_tau2.env_api.config import Tau2EnvConfig
-from nemo_tau2.tau2_release.client import Tau2Worker
+from nemo_tau2.tau2_release.client import Tau2Worker, worker_for
 from nemo_tau2.tau2_release.rows import release_rows
 
 
@@ -20,7 +19,7 @@ class ReleaseTasks:
     @classmethod
     def load(cls, config: Tau2EnvConfig, running: Tau2Worker | None = None) -> "ReleaseTasks":
         """From a ``running`` worker of the release, else one started for this call."""
-        with contextlib.nullcontext(running) if running is not None else Tau2Worker(config.tau2) as worker:
+        with worker_for(config.tau2, running) as worker:
             rows = release_rows(
                 config.tau2, [config.domain], config.split, config.task_ids, what="Tau2Env", worker=worker
             )

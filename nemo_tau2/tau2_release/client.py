@@ -11,12 +11,14 @@ Failures keep their three channels: a request the release cannot honour raises :
 dies raises :class:`Tau2WorkerError`.
 """
 
+import contextlib
 import json
 import logging
 import os
 import subprocess
 import sys
 import threading
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -170,3 +172,8 @@ class Tau2Worker:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+def worker_for(config: Tau2ReleaseConfig, running: Tau2Worker | None = None) -> AbstractContextManager[Tau2Worker]:
+    """``running`` (left running), else a worker of ``config``'s release started for the block and closed after it."""
+    return contextlib.nullcontext(running) if running is not None else Tau2Worker(config)

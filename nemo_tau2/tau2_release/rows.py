@@ -5,12 +5,11 @@ The same row shape as :func:`nemo_tau2.tau2_env.gym_rows.task_row` (the v0.2.1 r
 ``tau2_version``, so a row says which release's task it is. Tasks and splits are the release's own.
 """
 
-import contextlib
 from typing import Any
 
 from nemo_tau2.tau2_env.domains import as_responses_tools
 from nemo_tau2.tau2_env.gym_rows import DEFAULT_AGENT_NAME, compact_row
-from nemo_tau2.tau2_release.client import Tau2RequestError, Tau2Worker
+from nemo_tau2.tau2_release.client import Tau2RequestError, Tau2Worker, worker_for
 from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
 
 
@@ -73,7 +72,7 @@ def release_rows(
     (else one is started for this call)."""
     wanted = None if task_ids is None else {str(task_id) for task_id in task_ids}
     rows = []
-    with contextlib.nullcontext(worker) if worker is not None else Tau2Worker(config) as worker:
+    with worker_for(config, worker) as worker:
         for domain in domains_:
             try:
                 found = _domain_rows(worker, domain, split, agent_name, compact, wanted)
