@@ -59,8 +59,10 @@ def _main() -> int:
     )
     print(f"results: metrics in {Path(cfg.logger.log_dir).resolve()}{checkpoints}", file=sys.stderr)
     if cfg.checkpointing.enabled:
-        with training_cli.starting():  # a checkpoint of the other backend: one line, exit 2
-            latest = grpo.resumable_checkpoint(cfg.checkpointing.checkpoint_dir, cfg.policy)
+        with training_cli.starting():  # a checkpoint of another backend or release: one line, exit 2
+            latest = grpo.resumable_checkpoint(
+                cfg.checkpointing.checkpoint_dir, cfg.policy, tau2_version=cfg.tau2.version
+            )
         done = grpo.checkpoint_step(latest) if latest is not None else 0
         if done >= cfg.grpo.max_num_steps:
             print(

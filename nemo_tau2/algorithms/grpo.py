@@ -117,10 +117,12 @@ def setup(cfg: GRPOMasterConfig, train_rows: list[dict], val_rows: list[dict]) -
         metrics_logger = resources.enter_context(MetricsLogger(cfg.logger))
         start_step, state = 0, None
         latest = (
-            resumable_checkpoint(cfg.checkpointing.checkpoint_dir, cfg.policy) if cfg.checkpointing.enabled else None
+            resumable_checkpoint(cfg.checkpointing.checkpoint_dir, cfg.policy, tau2_version=cfg.tau2.version)
+            if cfg.checkpointing.enabled
+            else None
         )
         if latest is not None:
-            state = training_setup.resume_from(policy, latest, cfg.tau2.version)
+            state = policy.load_checkpoint(latest)
             start_step = int(state["step"])
             curriculum.load_state_dict(state["curriculum"])
             logger.info("resumed from %s at step %d", latest, start_step)

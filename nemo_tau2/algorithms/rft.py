@@ -81,12 +81,14 @@ def setup(cfg: RFTMasterConfig, train_rows: list[dict], val_rows: list[dict]) ->
         metrics_logger = resources.enter_context(MetricsLogger(cfg.logger))
         s = RFTSetup(cfg, policy, generation, environment, train_rows, val_rows, metrics_logger, resources=resources)
         latest = (
-            training_setup.resumable_checkpoint(cfg.checkpointing.checkpoint_dir, cfg.policy)
+            training_setup.resumable_checkpoint(
+                cfg.checkpointing.checkpoint_dir, cfg.policy, tau2_version=cfg.tau2.version
+            )
             if cfg.checkpointing.enabled
             else None
         )
         if latest is not None:
-            state = training_setup.resume_from(policy, latest, cfg.tau2.version)
+            state = policy.load_checkpoint(latest)
             s.start_round, s.kept_so_far = int(state["step"]), list(state.get("kept_so_far", []))
             sync_weights(s)  # the generation backend must serve the resumed weights
             logger.info("resumed from %s after round %d", latest, s.start_round)

@@ -119,12 +119,14 @@ def setup(cfg: SFTMasterConfig, train_rows: list[dict], val_rows: list[dict], ev
             generation, environment, resources=resources,
         )  # fmt: skip
         latest = (
-            training_setup.resumable_checkpoint(cfg.checkpointing.checkpoint_dir, cfg.policy)
+            training_setup.resumable_checkpoint(
+                cfg.checkpointing.checkpoint_dir, cfg.policy, tau2_version=cfg.tau2.version
+            )
             if cfg.checkpointing.enabled
             else None
         )
         if latest is not None:
-            s.start_step = int(training_setup.resume_from(policy, latest, cfg.tau2.version)["step"])
+            s.start_step = int(policy.load_checkpoint(latest)["step"])
             logger.info("resumed from %s at step %d", latest, s.start_step)
         return s
     except BaseException:

@@ -48,15 +48,16 @@ def plan_memory(cfg: Any, *, reference: bool) -> MemoryPlan:
     return make_plan(cfg.policy, cfg.cluster, reference=reference, shape=shape)
 
 
-def resumable_checkpoint(checkpoint_dir: str | Path, policy: PolicyConfig) -> Path | None:
+def resumable_checkpoint(checkpoint_dir: str | Path, policy: PolicyConfig, *, tau2_version: str) -> Path | None:
     """The newest checkpoint that is whole: every part present and a trainer state that parses with its step.
 
     Checkpoints are renamed into place only once complete, but a copy, a sync or a crash of the filesystem can
     still leave a ``step_<N>`` folder with a part missing or cut short; resuming from it would fail or, worse,
     resume from garbage. Such folders are skipped with a warning naming what is wrong, and never deleted. A whole
-    checkpoint of the other backend or another Megatron layout than ``policy``'s stops the run in one line
-    (:class:`~nemo_tau2.models.policy.checkpoint.CheckpointMismatchError`): starting afresh beside it would train
-    from scratch without a word.
+    checkpoint this run cannot resume (the other backend, another Megatron layout than ``policy``'s, another tau2
+    release than ``tau2_version``) stops the run in one line
+    (:class:`~nemo_tau2.models.policy.checkpoint.CheckpointMismatchError`), before anything starts: starting afresh
+    beside it would train from scratch without a word.
     """
     layout = megatron_layout(policy.megatron_cfg, policy.num_workers)
     for step, path in reversed(ckpt.list_checkpoints(checkpoint_dir)):
@@ -64,6 +65,7 @@ def resumable_checkpoint(checkpoint_dir: str | Path, policy: PolicyConfig) -> Pa
             ckpt.check_checkpoint_dir(path, layout)
             if int(ckpt.read_trainer_state(path)["step"]) != step:
                 raise ValueError(f"its trainer state is for another step than {step}")
+            check_checkpoint_release(path, tau2_version)
         except ckpt.CheckpointMismatchError:
             raise
         except (OSError, ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
@@ -75,20 +77,14 @@ def resumable_checkpoint(checkpoint_dir: str | Path, policy: PolicyConfig) -> Pa
 
 def check_checkpoint_release(path: Path, tau2_version: str) -> None:
     """Refuse to resume from a checkpoint trained on another tau2 release than the run's (its tasks, tools and
-    scores were that release's); a checkpoint that names none predates the choice: v0.2.1."""
+    scores were that release's); a checkpoint that names none predates the choice: v0.2.1. Every training loop
+    saves ``tau2_version`` in its trainer state."""
     trained = ckpt.read_trainer_state(path).get("tau2_version", "v0.2.1")
     if trained != tau2_version:
-        raise ValueError(
+        raise ckpt.CheckpointMismatchError(
             f"{path} was trained on tau2 {trained}, this run is tau2.version {tau2_version}: resume with that "
             "release, or set another checkpointing.checkpoint_dir"
         )
-
-
-def resume_from(policy: Policy, path: Path, tau2_version: str) -> dict:
-    """Load a resumable checkpoint (:func:`resumable_checkpoint`) into ``policy`` and return its trainer state,
-    after :func:`check_checkpoint_release`. Every training loop resumes through here and saves ``tau2_version``."""
-    check_checkpoint_release(path, tau2_version)
-    return policy.load_checkpoint(path)
 
 
 def checkpoint_step(path: Path) -> int:

@@ -175,10 +175,9 @@ def test_resume_never_picks_a_half_written_checkpoint_whatever_byte_its_trainer_
         newest = _checkpoint(root, 2, trainer_state=full_state[:cut])
         _checkpoint(root, 3, without=ckpt.SCHEDULER_FILE)  # a part never written
         (root / "tmp_step_4").mkdir()  # a save still in progress
-        assert resumable_checkpoint(root, TORCH_POLICY) == (newest if cut == len(full_state) else good), (
-            f"cut at {cut}"
-        )
-    assert resumable_checkpoint(tmp_path / "absent", TORCH_POLICY) is None
+        found = resumable_checkpoint(root, TORCH_POLICY, tau2_version="v0.2.1")
+        assert found == (newest if cut == len(full_state) else good), f"cut at {cut}"
+    assert resumable_checkpoint(tmp_path / "absent", TORCH_POLICY, tau2_version="v0.2.1") is None
 
 
 def test_resume_stops_in_one_line_on_a_checkpoint_of_the_other_backend_or_another_megatron_layout(tmp_path):
@@ -188,12 +187,13 @@ def test_resume_stops_in_one_line_on_a_checkpoint_of_the_other_backend_or_anothe
     _checkpoint(torch_root, 1)
     newest = _checkpoint(megatron_root, 2, megatron_layout=layout)
     _checkpoint(megatron_root, 3, megatron_layout=layout, without=f"{ckpt.MEGATRON_DIR}/{ckpt.MEGATRON_LAYOUT_FILE}")
-    assert resumable_checkpoint(megatron_root, megatron) == newest  # step_3 is incomplete: skipped
+    found = resumable_checkpoint(megatron_root, megatron, tau2_version="v0.2.1")
+    assert found == newest  # step_3 is incomplete: skipped
     expected = r"written by the torch backend \(policy/\), this run trains with the Megatron backend \(policy.megatron"
     with pytest.raises(ckpt.CheckpointMismatchError, match=expected) as torch_into_megatron:
-        resumable_checkpoint(torch_root, megatron)
+        resumable_checkpoint(torch_root, megatron, tau2_version="v0.2.1")
     with pytest.raises(ckpt.CheckpointMismatchError, match="written by the Megatron backend") as megatron_into_torch:
-        resumable_checkpoint(megatron_root, TORCH_POLICY)
+        resumable_checkpoint(megatron_root, TORCH_POLICY, tau2_version="v0.2.1")
     with pytest.raises(ckpt.CheckpointMismatchError, match="data_parallel_size=2 .*, this run has .*parallel_size=1"):
-        resumable_checkpoint(megatron_root, _policy(num_workers=1, megatron=True))
+        resumable_checkpoint(megatron_root, _policy(num_workers=1, megatron=True), tau2_version="v0.2.1")
     assert "\n" not in str(torch_into_megatron.value) + str(megatron_into_torch.value)
