@@ -63,17 +63,22 @@ class HttpEpisode:
 
     def tau2_reward(self, task, termination_reason: str = "user_stop") -> float:
         """What tau2's own evaluator gives this trajectory (the reference)."""
-        messages = self.messages + [UserMessage(role="user", content="###STOP###")]
-        simulation = SimulationRun(
-            id="test",
-            task_id=task.id,
-            start_time="",
-            end_time="",
-            duration=0.0,
-            termination_reason=termination_reason,
-            messages=messages,
-        )
-        return evaluate_simulation(simulation, task, EvaluationType.ALL, solo_mode=False, domain=self.domain).reward
+        return tau2_reward(self.domain, task, self.messages, termination_reason)
+
+
+def tau2_reward(domain: str, task, messages: list[Message], termination_reason: str = "user_stop") -> float:
+    """tau2's own ``evaluate_simulation`` of an episode's messages, the user's stop appended (a module function so
+    that a process pool can run it: the tau2 side is what parity tests spend their time on)."""
+    simulation = SimulationRun(
+        id="test",
+        task_id=task.id,
+        start_time="",
+        end_time="",
+        duration=0.0,
+        termination_reason=termination_reason,
+        messages=messages + [UserMessage(role="user", content="###STOP###")],
+    )
+    return evaluate_simulation(simulation, task, EvaluationType.ALL, solo_mode=False, domain=domain).reward
 
 
 def play_gold(episode: HttpEpisode, task, corrupt: "callable | None" = None) -> None:

@@ -2,17 +2,34 @@
 
 Each trajectory is played against the real resources server; the test rebuilds the same trajectory as tau2
 messages from the HTTP exchanges and asks tau2's own ``evaluate_simulation`` for the reference reward (tau2 also
-replays every call and raises if a tool output differs from what the server returned).
+replays every call and raises if a tool output differs from what the server returned). tau2's evaluation is what
+these tests spend their time on, so it runs in a pool of processes, one per core, while the next episode plays.
 """
+
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 from tau2.environment.toolkit import ToolType
 
 from nemo_tau2.tau2_env import domains
-from tests.unit.gym.tau2_http import HttpEpisode, play_gold
+from tests.unit.gym.tau2_http import HttpEpisode, play_gold, tau2_reward
 
 BASE_TASK_COUNTS = {"airline": 50, "retail": 114, "telecom": 114}
 DO_NOTHING_MEANS = {"airline": 0.38, "retail": 0.06, "telecom": 0.0}  # tau2's own figures (reference/tau2.md §6)
+
+
+@pytest.fixture(scope="module")
+def tau2_pool():
+    """Processes that run tau2's ``evaluate_simulation`` (forkserver: this process has server threads)."""
+    context = multiprocessing.get_context("forkserver")
+    with ProcessPoolExecutor(max_workers=min(4, max(2, os.cpu_count() or 1)), mp_context=context) as pool:
+        yield pool
+
+
+def _reference(pool: ProcessPoolExecutor, episode: HttpEpisode, task):
+    return pool.submit(tau2_reward, episode.domain, task, list(episode.messages))
 
 
 def _tool_type(domain: str, name: str, requestor: str):
@@ -40,36 +57,39 @@ def _corruption(domain: str, task):
 
 
 @pytest.mark.parametrize("domain", list(BASE_TASK_COUNTS))
-def test_gold_actions_score_one_and_match_tau2_on_every_base_task(resources_server_url, domain):
+def test_gold_actions_score_one_and_match_tau2_on_every_base_task(resources_server_url, tau2_pool, domain):
     tasks = domains.get_tasks(domain, "base")
     assert len(tasks) == BASE_TASK_COUNTS[domain]
-    mismatches = []
+    played = []
     for task in tasks:
         episode = HttpEpisode(resources_server_url, domain, task.id)
         episode.seed()
         play_gold(episode, task)
-        ours = episode.verify()
-        reference = episode.tau2_reward(task)
-        if not (ours["reward"] == reference == 1.0 and ours["success"]):
-            mismatches.append((task.id, ours["reward"], reference))
+        played.append((task.id, episode.verify(), _reference(tau2_pool, episode, task)))
+    mismatches = []
+    for task_id, ours, reference in played:
+        if not (ours["reward"] == reference.result() == 1.0 and ours["success"]):
+            mismatches.append((task_id, ours["reward"], reference.result()))
     assert mismatches == []
 
 
 @pytest.mark.parametrize("domain", list(BASE_TASK_COUNTS))
-def test_do_nothing_scores_what_tau2_scores(resources_server_url, domain):
-    rewards = []
+def test_do_nothing_scores_what_tau2_scores(resources_server_url, tau2_pool, domain):
+    played = []
     for task in domains.get_tasks(domain, "base"):
         episode = HttpEpisode(resources_server_url, domain, task.id)
         episode.seed()
-        ours = episode.verify()
-        assert ours["reward"] == episode.tau2_reward(task), task.id
+        played.append((task.id, episode.verify(), _reference(tau2_pool, episode, task)))
+    rewards = []
+    for task_id, ours, reference in played:
+        assert ours["reward"] == reference.result(), task_id
         rewards.append(ours["reward"])
     assert round(sum(rewards) / len(rewards), 2) == DO_NOTHING_MEANS[domain]
 
 
 @pytest.mark.parametrize("domain", list(BASE_TASK_COUNTS))
-def test_one_wrong_write_argument_scores_what_tau2_scores(resources_server_url, domain):
-    corrupted = zeros = 0
+def test_one_wrong_write_argument_scores_what_tau2_scores(resources_server_url, tau2_pool, domain):
+    played = []
     for task in domains.get_tasks(domain, "base"):
         corrupt = _corruption(domain, task)
         if corrupt is None:
@@ -77,8 +97,10 @@ def test_one_wrong_write_argument_scores_what_tau2_scores(resources_server_url, 
         episode = HttpEpisode(resources_server_url, domain, task.id)
         episode.seed()
         play_gold(episode, task, corrupt=corrupt)
-        ours = episode.verify()
-        assert ours["reward"] == episode.tau2_reward(task), task.id
+        played.append((task.id, episode.verify(), _reference(tau2_pool, episode, task)))
+    corrupted = zeros = 0
+    for task_id, ours, reference in played:
+        assert ours["reward"] == reference.result(), task_id
         corrupted += 1
         zeros += ours["reward"] == 0.0
         if ours["db_match"] is False:
