@@ -245,7 +245,6 @@ class PolicyConfig(_Strict):
             dtensor_enabled=self.dtensor_cfg.enabled,
             device=self.device,
             num_workers=self.num_workers,
-            packing=packing.enabled,
             scheduler=self.scheduler,
         )
         if self.megatron_cfg.enabled:
