@@ -141,14 +141,20 @@ def training(tmp: Path, tp: int = 1, pp: int = 1, with_plain_reference: bool = F
     mine = sequences[dp_rank::dp_size]
     micro = [collate(mine[i : i + 2], pad, packed=packed) for i in range(0, len(mine), 2)]
     logprobs = get_logprobs(stack, micro, pad)
+    result = {}
+    if packed:  # the worker's padding micro-batch of a rank without data (a row of 2 pad tokens) beside a real one
+        from nemo_tau2.models.megatron.worker import MegatronPolicyWorker
+
+        with_empty, _ = MegatronPolicyWorker(cfg, tokenizer=tokenizer)._batches([mine[:2], []])
+        result["with_empty_micro_batch"] = get_logprobs(stack, with_empty, pad)
     for seq, prev in zip(mine, logprobs, strict=True):
         seq.prev_logprobs = prev
     micro = [collate(mine[i : i + 2], pad, packed=packed) for i in range(0, len(mine), 2)]
     loss_fn = ClippedPGLossFn(ClippedPGLossConfig(reference_policy_kl_penalty=0.0))
     valid_toks, valid_seqs = global_normalisers(sequences)
     steps = [train_global_batch(stack, micro, loss_fn, valid_toks, valid_seqs, pad) for _ in range(TRAIN_STEPS)]
-    result = {"losses": [s["loss"] for s in steps], "grad_norms": [s["grad_norm"] for s in steps],
-              "logprobs": logprobs if dp_rank == 0 else None}  # fmt: skip
+    result |= {"losses": [s["loss"] for s in steps], "grad_norms": [s["grad_norm"] for s in steps],
+               "logprobs": logprobs if dp_rank == 0 else None}  # fmt: skip
     # the trained weights leave as an HF folder (rank 0 writes it): transformers' logits of it, and Megatron's own
     exported = save_hf_folder(stack.model.module, stack.hf_config, tmp / "export")
     ids, positions = _tokens()

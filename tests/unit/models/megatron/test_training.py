@@ -44,6 +44,9 @@ def test_packed_rows_give_the_padded_logprobs_and_trajectory(single, one_process
     """Megatron on packed rows = Megatron on padded rows = the torch Policy on packed rows. Without the block mask
     (sequences attending to the ones before them in the row) the logprobs move by 5.0."""
     packed = one_process["training_packed"]
+    # with the worker's padding micro-batch (a rank without data) in the same call: the real rows, unchanged
+    assert packed["with_empty_micro_batch"][:2] == packed["logprobs"][:2]
+    assert len(packed["with_empty_micro_batch"]) == 2 + 1
     for reference in (single, packed["plain"]):
         diff = max(abs(a - b) for x, y in zip(packed["logprobs"], reference["logprobs"], strict=True)
                    for a, b in zip(x, y, strict=True))  # fmt: skip
