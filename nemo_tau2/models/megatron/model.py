@@ -84,7 +84,7 @@ def transformer_config(
         use_cpu_initialization=True,
         bias_activation_fusion=False,
         bias_dropout_fusion=False,
-        masked_softmax_fusion=False,
+        masked_softmax_fusion=False,  # also keeps sequence packing's block mask: the fused causal kernel ignores it
         persist_layer_norm=False,
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,

@@ -11,6 +11,17 @@ reduced, and Megatron DDP writes ``param.main_grad`` (its optimizer reads that, 
 
 Every micro-batch of a step is padded to the same ``[B, T]`` (pipeline stages exchange fixed-shape activations):
 padding rows carry no loss (``sample_mask`` 0).
+
+**Sequence packing** (``policy.sequence_packing``): the model runs on the batch's :class:`PackedRow` (``[1, N]``)
+with a block-diagonal causal attention mask built from where its position ids restart, and logprobs and entropy
+go back to the ``[B, T]`` frame with ``PackedRow.unpack`` before the same loss call, as in the torch backend.
+megatron-core's own packing (``PackedSeqParams``, THD) needs Transformer Engine or flash-attention kernels; the
+local layer spec's unfused ``DotProductAttention`` applies a passed mask instead (``True`` = masked). That holds only
+with ``masked_softmax_fusion`` off (``model.transformer_config``): in bf16/fp16 the fused causal kernel ignores the
+mask. RoPE then rotates by the row position, not the restarting position ids: attention scores depend only on
+relative positions within a sequence, so this moves logprobs by float rounding only (fp32: 2.9e-6, as much as the
+torch backend's packed rows differ from its padded ones). Every packed row of a step is padded to one ``N`` (a
+trailing padding segment of its own), for the pipeline's fixed shapes.
 """
 
 import functools
@@ -21,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from nemo_tau2.models.policy.config import PolicyConfig
-from nemo_tau2.models.policy.data import TrainingBatch, next_token_entropy, token_logprobs
+from nemo_tau2.models.policy.data import PackedRow, TrainingBatch, next_token_entropy, token_logprobs
 from nemo_tau2.models.policy.interfaces import LossFunction
 
 
@@ -134,15 +145,38 @@ def _pad_rows(batch: TrainingBatch, rows: int, pad_token_id: int) -> TrainingBat
     return TrainingBatch(**{**vars(batch), **fields})
 
 
+def block_causal_mask(position_ids: torch.Tensor) -> torch.Tensor:
+    """``[1, 1, N, N]`` bool attention mask of a packed row, ``True`` = masked (megatron-core's convention): token
+    ``i`` sees token ``j`` only when ``j <= i`` in the same sequence (a sequence starts where position ids are 0)."""
+    sequence = (position_ids[0] == 0).cumsum(0)
+    same = sequence[:, None] == sequence[None, :]
+    return ~(same & torch.ones_like(same).tril())[None, None]
+
+
+def _token_frame(values: torch.Tensor, batch: TrainingBatch) -> torch.Tensor:
+    return batch.packed.unpack(values) if batch.packed is not None else values
+
+
+def _frame_logprobs(logits: torch.Tensor, batch: TrainingBatch) -> torch.Tensor:
+    """Per-token logprobs in the batch's ``[B, T]`` frame, from padded rows' or the packed row's logits."""
+    input_ids = batch.packed.input_ids if batch.packed is not None else batch.input_ids
+    return _token_frame(token_logprobs(logits, input_ids), batch)
+
+
 def _run_schedule(stack: MegatronStack, batches: list[TrainingBatch], loss_of: Any, forward_only: bool) -> list:
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    rows, width = batches[0].input_ids.shape
+    first = batches[0].packed if batches[0].packed is not None else batches[0]
+    rows, width = first.input_ids.shape  # packed: one row of N tokens
     positions = torch.arange(width).expand(rows, width)
 
     def forward_step(data_iterator: Any, model: Any) -> tuple[torch.Tensor, Any]:
         batch = next(data_iterator)
-        return model(batch.input_ids, positions, None), functools.partial(loss_of, batch)
+        if batch.packed is None:
+            return model(batch.input_ids, positions, None), functools.partial(loss_of, batch)
+        row = batch.packed
+        logits = model(row.input_ids, row.position_ids, block_causal_mask(row.position_ids))
+        return logits, functools.partial(loss_of, batch)
 
     return get_forward_backward_func()(
         forward_step_func=forward_step,
@@ -155,8 +189,30 @@ def _run_schedule(stack: MegatronStack, batches: list[TrainingBatch], loss_of: A
     )
 
 
+def _same_packed_width(batches: list[TrainingBatch], pad_token_id: int) -> list[TrainingBatch]:
+    """Every packed row right-padded to the longest ``N`` of the list: the padding is a sequence of its own
+    (position ids from 0) that the ``[B, T]`` frame never reads. The ``[B, T]`` tensors stay as they are."""
+    width = max(batch.packed.input_ids.shape[1] for batch in batches)
+    out = []
+    for batch in batches:
+        row, extra = batch.packed, width - batch.packed.input_ids.shape[1]
+        if extra:
+            padding = torch.full((1, extra), pad_token_id, dtype=row.input_ids.dtype)
+            row = PackedRow(
+                input_ids=torch.cat([row.input_ids, padding], 1),
+                position_ids=torch.cat([row.position_ids, torch.arange(extra)[None]], 1),
+                flat_index=row.flat_index,
+                in_frame=row.in_frame,
+            )
+        out.append(TrainingBatch(**{**vars(batch), "packed": row}))
+    return out
+
+
 def same_shape(batches: list[TrainingBatch], pad_token_id: int) -> list[TrainingBatch]:
-    """Right-pad every micro-batch to the widest ``T`` and the largest ``B`` of the list."""
+    """Right-pad every micro-batch to the widest ``T`` and the largest ``B`` of the list (packed: every row to
+    the longest ``N``)."""
+    if batches[0].packed is not None:
+        return _same_packed_width(batches, pad_token_id)
     width = max(batch.input_ids.shape[1] for batch in batches)
     rows = max(batch.input_ids.shape[0] for batch in batches)
     out = []
@@ -192,7 +248,7 @@ def get_logprobs(stack: MegatronStack, batches: list[TrainingBatch], pad_token_i
     padded = same_shape(batches, pad_token_id)
 
     def loss_of(batch: TrainingBatch, logits: torch.Tensor) -> tuple:
-        logprobs = token_logprobs(logits, batch.input_ids)
+        logprobs = _frame_logprobs(logits, batch)
         return logprobs.sum() * 0.0, torch.tensor(1), {"logprobs": logprobs}
 
     outputs = _from_last_stage(_run_schedule(stack, padded, loss_of, forward_only=True))
@@ -223,12 +279,12 @@ def train_global_batch(
 
     def loss_of(batch: TrainingBatch, logits: torch.Tensor) -> tuple:
         loss, metrics = loss_fn(
-            curr_logprobs=token_logprobs(logits, batch.input_ids),
+            curr_logprobs=_frame_logprobs(logits, batch),
             **batch.loss_inputs(),
             global_valid_tokens=global_valid_toks,
             global_valid_seqs=global_valid_seqs,
         )
-        metrics["entropy"] = batch.mean_over_loss_tokens(next_token_entropy(logits.detach()))
+        metrics["entropy"] = batch.mean_over_loss_tokens(_token_frame(next_token_entropy(logits.detach()), batch))
         return loss, torch.tensor(1), {"loss": loss.detach(), "metrics": metrics}
 
     outputs = _run_schedule(stack, padded, loss_of, forward_only=False)

@@ -134,7 +134,8 @@ class MegatronPolicyWorker:
         for micro in micro_batches:
             real.append(bool(micro))
             micro = micro or [dummy]
-            batches.append(collate(micro, self.pad_token_id, self.cfg.make_sequence_length_divisible_by))
+            batches.append(collate(micro, self.pad_token_id, self.cfg.make_sequence_length_divisible_by,
+                                   packed=self.cfg.sequence_packing.enabled))  # fmt: skip
         return batches, real
 
     def _parameters(self) -> dict[str, torch.nn.Parameter]:

@@ -138,7 +138,8 @@ class SequencePackingConfig(_Strict):
 
     A packed micro-batch is one row of concatenated sequences whose position ids restart at 0 for each sequence;
     transformers builds the per-sequence (block-causal) attention from them (flash-attention: variable-length
-    kernels). Loss and gradient are those of the padded path. ``train_micro_batch_size`` and
+    kernels); the Megatron backend passes the block-causal mask itself (``megatron.training``). Loss and gradient
+    are those of the padded path. ``train_micro_batch_size`` and
     ``logprob_batch_size`` are then unused: the budgets below decide how many sequences a micro-batch holds.
     """
 
@@ -245,7 +246,6 @@ class PolicyConfig(_Strict):
             dtensor_enabled=self.dtensor_cfg.enabled,
             device=self.device,
             num_workers=self.num_workers,
-            packing=packing.enabled,
             scheduler=self.scheduler,
         )
         if self.megatron_cfg.enabled:

@@ -106,7 +106,7 @@ class MegatronConfig(_Strict):
 
 
 def check_megatron_policy(megatron: MegatronConfig, *, dtensor_enabled: bool, device: str, num_workers: int,
-                          packing: bool, scheduler: Any) -> None:  # fmt: skip
+                          scheduler: Any) -> None:  # fmt: skip
     """The policy-level rules of an enabled ``megatron_cfg`` (called by ``PolicyConfig``'s validator)."""
     if not megatron.enabled:
         return
@@ -123,10 +123,6 @@ def check_megatron_policy(megatron: MegatronConfig, *, dtensor_enabled: bool, de
         raise ValueError(
             "policy.megatron_cfg.sequence_parallel needs policy.device=cuda (its norms come from Transformer Engine, "
             "which has no CPU build); set it to false"
-        )
-    if packing:
-        raise ValueError(
-            "policy.sequence_packing.enabled is not supported with policy.megatron_cfg yet; set it to false"
         )
     if scheduler is not None:
         raise ValueError(

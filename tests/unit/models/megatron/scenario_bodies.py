@@ -91,7 +91,7 @@ def conversion_tp2(tmp: Path) -> dict:
     }
 
 
-def _training_config(model_dir: Path, tp: int, pp: int):
+def _training_config(model_dir: Path, tp: int, pp: int, packed: bool = False):
     from nemo_tau2.models.policy import PolicyConfig
 
     return PolicyConfig(
@@ -101,6 +101,7 @@ def _training_config(model_dir: Path, tp: int, pp: int):
         max_total_sequence_length=64,
         max_grad_norm=1.0,
         num_workers=dist.get_world_size(),
+        sequence_packing={"enabled": packed},
         megatron_cfg={
             "enabled": True,
             "tensor_model_parallel_size": tp,
@@ -113,9 +114,9 @@ def _training_config(model_dir: Path, tp: int, pp: int):
 TRAIN_STEPS = 3
 
 
-def training(tmp: Path, tp: int = 1, pp: int = 1, with_plain_reference: bool = False) -> dict:
+def training(tmp: Path, tp: int = 1, pp: int = 1, with_plain_reference: bool = False, packed: bool = False) -> dict:
     """3 optimizer steps of the clipped PG loss on 4 episodes with the Megatron backend (and, on request, the same
-    with the torch Policy in this process, from the same weights)."""
+    with the torch Policy in this process, from the same weights); ``packed``: each micro-batch one packed row."""
     from megatron.core import parallel_state
 
     from nemo_tau2.algorithms.loss import ClippedPGLossConfig, ClippedPGLossFn
@@ -131,23 +132,29 @@ def training(tmp: Path, tp: int = 1, pp: int = 1, with_plain_reference: bool = F
         hf_model.save_pretrained(tmp / "hf")
         tokenizer.save_pretrained(tmp / "hf")
     dist.barrier()
-    cfg = _training_config(tmp / "hf", tp, pp)
+    cfg = _training_config(tmp / "hf", tp, pp, packed)
     initialize_megatron(tp, pp, seed=0)
     stack = build_stack(cfg, str(tmp / "hf"))
     pad = tokenizer.pad_token_id
     sequences = make_sequences(4)
     dp_rank, dp_size = parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
     mine = sequences[dp_rank::dp_size]
-    micro = [collate(mine[i : i + 2], pad) for i in range(0, len(mine), 2)]
+    micro = [collate(mine[i : i + 2], pad, packed=packed) for i in range(0, len(mine), 2)]
     logprobs = get_logprobs(stack, micro, pad)
+    result = {}
+    if packed:  # the worker's padding micro-batch of a rank without data (a row of 2 pad tokens) beside a real one
+        from nemo_tau2.models.megatron.worker import MegatronPolicyWorker
+
+        with_empty, _ = MegatronPolicyWorker(cfg, tokenizer=tokenizer)._batches([mine[:2], []])
+        result["with_empty_micro_batch"] = get_logprobs(stack, with_empty, pad)
     for seq, prev in zip(mine, logprobs, strict=True):
         seq.prev_logprobs = prev
-    micro = [collate(mine[i : i + 2], pad) for i in range(0, len(mine), 2)]
+    micro = [collate(mine[i : i + 2], pad, packed=packed) for i in range(0, len(mine), 2)]
     loss_fn = ClippedPGLossFn(ClippedPGLossConfig(reference_policy_kl_penalty=0.0))
     valid_toks, valid_seqs = global_normalisers(sequences)
     steps = [train_global_batch(stack, micro, loss_fn, valid_toks, valid_seqs, pad) for _ in range(TRAIN_STEPS)]
-    result = {"losses": [s["loss"] for s in steps], "grad_norms": [s["grad_norm"] for s in steps],
-              "logprobs": logprobs if dp_rank == 0 else None}  # fmt: skip
+    result |= {"losses": [s["loss"] for s in steps], "grad_norms": [s["grad_norm"] for s in steps],
+               "logprobs": logprobs if dp_rank == 0 else None}  # fmt: skip
     # the trained weights leave as an HF folder (rank 0 writes it): transformers' logits of it, and Megatron's own
     exported = save_hf_folder(stack.model.module, stack.hf_config, tmp / "export")
     ids, positions = _tokens()
@@ -160,11 +167,11 @@ def training(tmp: Path, tp: int = 1, pp: int = 1, with_plain_reference: bool = F
             result["export_logits"] = reloaded(ids).logits
     destroy_megatron()
     if with_plain_reference:
-        result["plain"] = _plain_reference(tmp, hf_model, tokenizer, sequences, loss_fn)
+        result["plain"] = _plain_reference(tmp, hf_model, tokenizer, sequences, loss_fn, packed)
     return result
 
 
-def _plain_reference(tmp: Path, hf_model, tokenizer, sequences, loss_fn) -> dict:
+def _plain_reference(tmp: Path, hf_model, tokenizer, sequences, loss_fn, packed: bool) -> dict:
     from nemo_tau2.models.policy import Policy, PolicyConfig
 
     cfg = PolicyConfig(
@@ -173,6 +180,7 @@ def _plain_reference(tmp: Path, hf_model, tokenizer, sequences, loss_fn) -> dict
         train_micro_batch_size=2,
         max_total_sequence_length=64,
         max_grad_norm=1.0,
+        sequence_packing={"enabled": packed},
         optimizer={"name": "torch.optim.AdamW", "kwargs": {"lr": 1e-4, "weight_decay": 0.0}},
     )
     policy = Policy(cfg, model=hf_model, tokenizer=tokenizer)
@@ -190,6 +198,10 @@ def training_single(tmp: Path) -> dict:
     return training(tmp, with_plain_reference=True)
 
 
+def training_packed(tmp: Path) -> dict:
+    return training(tmp, with_plain_reference=True, packed=True)
+
+
 def training_dp2(tmp: Path) -> dict:
     return training(tmp)
 
@@ -200,6 +212,10 @@ def training_tp2(tmp: Path) -> dict:
 
 def training_pp2(tmp: Path) -> dict:
     return training(tmp, pp=2)
+
+
+def training_pp2_packed(tmp: Path) -> dict:
+    return training(tmp, pp=2, packed=True)  # 2 packed rows of 39 and 48 tokens: padded to one N
 
 
 def checkpoint_resume(tmp: Path, distributed_optimizer: bool = True) -> dict:
@@ -277,7 +293,7 @@ def _in_sequence(tmp: Path, names: list[str]) -> dict:
 
 
 def one_process(tmp: Path) -> dict:
-    return _in_sequence(tmp, ["conversion_single", "training_single"])
+    return _in_sequence(tmp, ["conversion_single", "training_single", "training_packed"])
 
 
 def two_processes(tmp: Path) -> dict:
@@ -288,6 +304,7 @@ def two_processes(tmp: Path) -> dict:
             "training_dp2",
             "training_tp2",
             "training_pp2",
+            "training_pp2_packed",
             "checkpoint_resume",
             "checkpoint_resume_replicated_optimizer",
         ],

@@ -1,8 +1,9 @@
-"""``Policy`` with ``policy.megatron_cfg.enabled``: the Megatron worker (one Ray actor, gloo, CPU mode) behind the
-interface the GRPO loop uses gives the torch Policy's logprobs, loss trajectory and metrics on the tiny Llama (tied
-head, 591-token vocabulary), keeps the initial weights as its reference model, and exports weights (stream and HF
-folder) that transformers loads with the trained logits. A DP=2 checkpoint resumes in fresh actors with the
-uninterrupted run's losses and weights; a checkpoint of the other backend is refused in one line.
+"""``Policy`` with ``policy.megatron_cfg.enabled``: the Megatron worker (one Ray actor, gloo, CPU mode, sequence
+packing on) behind the interface the GRPO loop uses gives the torch Policy's (padded) logprobs, loss trajectory and
+metrics on the tiny Llama (tied head, 591-token vocabulary), keeps the initial weights as its reference model, and
+exports weights (stream and HF folder) that transformers loads with the trained logits. A DP=2 Policy (padded rows)
+gives the same; its checkpoint resumes in fresh actors with the uninterrupted run's losses and weights; a checkpoint
+of the other backend is refused in one line.
 
 One Ray start for the module: the fixture runs the whole exchange once and the tests read its results.
 """
@@ -33,7 +34,7 @@ TRAIN_STEPS = 2
 NO_KL = ClippedPGLossFn(ClippedPGLossConfig(reference_policy_kl_penalty=0.0))
 
 
-def _config(megatron: bool, num_workers: int = 1) -> PolicyConfig:
+def _config(megatron: bool, num_workers: int = 1, packed: bool = False) -> PolicyConfig:
     fields = {
         "num_workers": num_workers,
         "model_name": "tiny",
@@ -42,6 +43,7 @@ def _config(megatron: bool, num_workers: int = 1) -> PolicyConfig:
         "max_total_sequence_length": 64,
         "max_grad_norm": 1.0,
         "optimizer": {"name": "torch.optim.AdamW", "kwargs": {"lr": 1e-3, "weight_decay": 0.0}},
+        "sequence_packing": {"enabled": packed},
     }
     if megatron:
         fields["megatron_cfg"] = {"enabled": True, "optimizer": {"lr": 1e-3, "min_lr": 0.0, "weight_decay": 0.0}}
@@ -86,9 +88,11 @@ def runs(tmp_path_factory) -> dict:
     refusals = {}
     ray.init(num_cpus=2, include_dashboard=False)  # one Ray for the Megatron Policies (each leaves it running)
     try:
-        with Policy(_config(True), model=copy.deepcopy(tiny.model), tokenizer=tiny.tokenizer,
+        with Policy(_config(True, packed=True), model=copy.deepcopy(tiny.model), tokenizer=tiny.tokenizer,
                     init_reference_model=True) as policy:  # fmt: skip
             megatron = _exchange(policy, tmp_path_factory.mktemp("megatron"))
+            [(batches, _)] = policy._workers.run("_batches", [([make_sequences(2)],)])
+            megatron["packed_row"] = batches[0].packed
             refusals["torch_into_megatron"] = _refusal(policy, torch_checkpoint)
         # DP=2: 2 ranks, each its own plan; 5 sequences for logprobs leave one rank an empty (padding) micro-batch
         with Policy(_config(True, num_workers=2), model=copy.deepcopy(tiny.model), tokenizer=tiny.tokenizer) as dp2:
@@ -114,7 +118,9 @@ def _max_diff(rows_a: list[list[float]], rows_b: list[list[float]]) -> float:
 
 
 def test_logprobs_before_and_after_training_agree_with_the_torch_policy(runs):
+    """The Megatron worker runs packed rows (one per micro-batch), the torch Policy padded ones."""
     megatron, plain = runs["megatron"], runs["torch"]
+    assert megatron["packed_row"] is not None and megatron["packed_row"].input_ids.shape == (1, 18 + 21)
     assert _max_diff(megatron["logprobs"], plain["logprobs"]) < LOGPROB_TOLERANCE
     assert _max_diff(megatron["after"], plain["after"]) < LOGPROB_TOLERANCE
     assert _max_diff(megatron["after"], megatron["logprobs"]) > 1e-3  # the 2 steps moved the weights

@@ -68,7 +68,6 @@ def test_nemo_rl_megatron_block_parses_with_its_keys():
             "needs policy.device=cuda",
         ),
         (megatron(context_parallel_size=2), "context_parallel_size=2 is not supported"),
-        ({**megatron(), "sequence_packing": {"enabled": True}}, "sequence_packing.enabled is not supported"),
         ({**megatron(), "scheduler": [{"name": "torch.optim.lr_scheduler.ConstantLR"}]}, "use megatron_cfg.scheduler"),
         (megatron(scheduler={"lr_decay_style": "cosine"}), "needs lr_decay_iters"),
         (megatron(optimizer={"optimizer": "adamw"}), "optimizer"),
@@ -98,3 +97,8 @@ def test_misconfigurations_are_refused_in_one_line(overrides, message):
 def test_a_valid_megatron_split_of_a_shipped_model_is_accepted():
     cfg = policy_config(model_name=QWEN3_0_6B, num_workers=8, **megatron(tensor_model_parallel_size=8))
     assert cfg.megatron_cfg.tensor_model_parallel_size == 8
+
+
+def test_sequence_packing_is_accepted_with_megatron():
+    cfg = policy_config(**megatron(pipeline_model_parallel_size=2), num_workers=2, sequence_packing={"enabled": True})
+    assert cfg.sequence_packing.enabled and cfg.megatron_cfg.enabled
