@@ -3,7 +3,9 @@
 Both sides play the same scripted episodes (``episode_scripts``: the oracle and perturbations per task) against the
 same scripted NL-assertion judge: ours through :class:`Tau2Worker` (seeding, tool calls, the trajectory we build,
 ``verify``), tau2's through ``v1_reference.py``, tau2's own parts in its own process. Rewards, reward breakdowns
-and every tool answer (error strings included) must be identical. Both sides run at once (one subprocess each).
+and every tool answer (error strings included) must be identical, for the tasks whose gold side our worker warmed
+when they were seeded (every other task: ``warm``, as the resources server asks) and for the rest. Both sides run
+at once (one subprocess each).
 """
 
 import json
@@ -65,7 +67,9 @@ def compare(worker: Tau2Worker, judge, full: bool) -> tuple[dict, list[str]]:
 
     ours, judged_tasks = {}, []
     for domain in DOMAINS:
-        for task in tasks[domain]:
+        for index, task in enumerate(tasks[domain]):
+            if index % 2:  # as the resources server does on a seed: the gold side hashed by a forked child
+                worker.request("warm", domain=domain, task_id=task["id"])
             if judged(task):
                 judged_tasks.append(f"{domain}/{task['id']}")
             for name, script in episode_scripts(task, greeting).items():
@@ -77,6 +81,8 @@ def compare(worker: Tau2Worker, judge, full: bool) -> tuple[dict, list[str]]:
     mismatches = [key for key in ours if ours[key] != theirs[key]]
     example = mismatches[0] if mismatches else None
     assert not mismatches, f"{len(mismatches)} differ, e.g. {example}: {ours.get(example)} vs {theirs.get(example)}"
+    warming = worker.request("warming")
+    assert warming["failed"] == 0 and warming["adopted"] > 0, warming  # half the tasks scored warmed, all as tau2
     return ours, judged_tasks
 
 

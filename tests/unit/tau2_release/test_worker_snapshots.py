@@ -5,14 +5,22 @@ into another: after an episode that changes a user's address, the next episode o
 user and is scored on the pristine DB (a trajectory without the write fails the DB check, as tau2 v1.0.1 scores
 it), and replaying the write scores 1.0 again, live (``verify``) and stateless (``evaluate``). Its memoised tool
 specifications (``nemo_tau2_tau2_tool_specs``, the user's schemas per toolkit) equal what tau2 builds afresh.
+A task's gold side warmed in a forked child (``nemo_tau2_tau2_warming``) holds up no other episode's requests while
+it runs, and its task's verify then takes the child's hashes instead of hashing again (the parity test checks the
+warmed scores against tau2's own).
 """
 
 import json
+import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 from nemo_tau2.tau2_release.trajectory import Trajectory
 from tests.tau2_v1_env import tau2_v1_python
+from tests.unit.tau2_release.episode_scripts import episode_scripts
+from tests.unit.tau2_release.worker_episodes import play
 
 DOMAINS = ("airline", "retail", "telecom")
 DOMAIN, TASK_ID = "retail", "33"  # DB-only basis; its last gold action rewrites the user's address
@@ -83,3 +91,62 @@ def test_tool_schemas_and_prompts_equal_tau2_s_own_on_every_seed(worker):
             assert seeded["user_system_prompt"] == theirs[domain]["user"]["system_prompt"], domain
             assert seeded["user_tools"] == theirs[domain]["user"]["tools"], domain
     assert theirs["telecom"]["user"]["tools"]
+
+
+AIRLINE_WRITES = ("book_", "cancel_", "update_", "send_")
+
+
+def _gold(task: dict) -> list[dict]:
+    return task["evaluation_criteria"]["actions"] or []
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0]
+
+
+def _stopped_warm_up(worker, task_ids: list[str]) -> tuple[str, int]:
+    """Warm the tasks in turn until one's child is caught running, and stop it there (SIGSTOP): (task, pid)."""
+    for task_id in task_ids:
+        worker.request("warm", domain="airline", task_id=task_id)
+        deadline = time.monotonic() + 10
+        while not (running := worker.request("warming")["running"]) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        if running:
+            ((domain, warmed, pid),) = running
+            assert (domain, warmed) == ("airline", task_id)
+            os.kill(pid, signal.SIGSTOP)
+            while _state(pid) not in ("T", "Z"):  # a signal lands a moment later; Z: it had finished
+                time.sleep(0.001)
+            if _state(pid) == "T":
+                return task_id, pid
+        while worker.request("warming")["running"]:
+            time.sleep(0.01)
+    raise AssertionError("no warm-up child was caught running")
+
+
+def test_a_warm_up_holds_up_no_other_episode_and_its_task_s_verify_takes_its_hashes(worker):
+    tasks = worker.request("tasks", domain="airline", split="base")
+    writes = [t["id"] for t in tasks if any(a["name"].startswith(AIRLINE_WRITES) for a in _gold(t))]
+    task_id, pid = _stopped_warm_up(worker, writes[::-1][:5])
+    try:
+        # Another episode is seeded, played and scored while the child is stopped mid-warm-up.
+        retail = next(task for task in worker.request("tasks", domain=DOMAIN, split="base") if task["id"] == TASK_ID)
+        gold = retail["evaluation_criteria"]["actions"]
+        episode_id, trajectory, _, _ = _episode(worker, gold, gold[-1]["arguments"]["user_id"])
+        during = worker.request(
+            "verify", timeout_s=60, episode_id=episode_id, messages=trajectory.messages, termination_reason="user_stop"
+        )
+        # answered while the warm-up was still in flight
+        assert worker.request("warming")["running"] == [["airline", task_id, pid]]
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert during["reward"] == 1.0
+    assert worker.score(DOMAIN, TASK_ID, trajectory.messages, "user_stop") == during  # the same answer after it
+
+    before = worker.request("warming")
+    task = next(task for task in tasks if task["id"] == task_id)
+    oracle = episode_scripts(task, worker.request("greeting"))["oracle"]
+    assert play(worker, "airline", task_id, oracle)["reward"] == 1.0  # its verify waited for the child
+    after = worker.request("warming")
+    assert after["warmed"] == before["warmed"] + 1 and after["failed"] == 0
+    assert after["adopted"] > before["adopted"] and after["hashed"] == before["hashed"]  # the gold DB: the child's
