@@ -144,9 +144,22 @@ def test_a_warm_up_holds_up_no_other_episode_and_its_task_s_verify_takes_its_has
     assert worker.score(DOMAIN, TASK_ID, trajectory.messages, "user_stop") == during  # the same answer after it
 
     before = worker.request("warming")
-    task = next(task for task in tasks if task["id"] == task_id)
-    oracle = episode_scripts(task, worker.request("greeting"))["oracle"]
-    assert play(worker, "airline", task_id, oracle)["reward"] == 1.0  # its verify waited for the child
+    played = _oracle(worker, tasks, task_id)
+    assert played["reward"] == 1.0  # its verify waited for the child
     after = worker.request("warming")
     assert after["warmed"] == before["warmed"] + 1 and after["failed"] == 0
     assert after["adopted"] > before["adopted"] and after["hashed"] == before["hashed"]  # the gold DB: the child's
+
+    # Another task's warmed gold DB is not this one's: adopted hashes are tau2's, one per content.
+    other = next(other for other in writes[::-1] if other != task_id)
+    worker.request("warm", domain="airline", task_id=other)
+    while worker.request("warming")["running"] or worker.request("warming")["queued"]:
+        time.sleep(0.01)
+    assert _oracle(worker, tasks, other)["reward"] == 1.0
+    crossed = worker.score("airline", task_id, _oracle(worker, tasks, other)["messages"], "user_stop")
+    assert crossed["reward"] == 0.0 and crossed["reward_info"]["db_check"]["db_match"] is False
+
+
+def _oracle(worker, tasks: list[dict], task_id: str) -> dict:
+    task = next(task for task in tasks if task["id"] == task_id)
+    return play(worker, "airline", task_id, episode_scripts(task, worker.request("greeting"))["oracle"])
