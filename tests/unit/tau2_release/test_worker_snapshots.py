@@ -20,6 +20,7 @@ from pathlib import Path
 from nemo_tau2.tau2_release.trajectory import Trajectory
 from tests.tau2_v1_env import tau2_v1_python
 from tests.unit.tau2_release.episode_scripts import episode_scripts
+from tests.unit.tau2_release.test_parity_v1 import CHANGED_GOLD
 from tests.unit.tau2_release.worker_episodes import play
 
 DOMAINS = ("airline", "retail", "telecom")
@@ -101,13 +102,20 @@ def _gold(task: dict) -> list[dict]:
 
 
 def _state(pid: int) -> str:
-    return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0]
+    """The process's state letter (T: stopped); Z for one that ended, reaped or not."""
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0]
+    except FileNotFoundError:
+        return "Z"
 
 
 def _stopped_warm_up(worker, task_ids: list[str]) -> tuple[str, int]:
     """Warm the tasks in turn until one's child is caught running, and stop it there (SIGSTOP): (task, pid)."""
     for task_id in task_ids:
-        worker.request("warm", domain="airline", task_id=task_id)
+        while worker.request("warming")["running"]:  # one child at a time: the one caught must be this task's
+            time.sleep(0.01)
+        if not worker.request("warm", domain="airline", task_id=task_id)["queued"]:
+            continue  # warmed before
         deadline = time.monotonic() + 10
         while not (running := worker.request("warming")["running"]) and time.monotonic() < deadline:
             time.sleep(0.001)
@@ -119,15 +127,14 @@ def _stopped_warm_up(worker, task_ids: list[str]) -> tuple[str, int]:
                 time.sleep(0.001)
             if _state(pid) == "T":
                 return task_id, pid
-        while worker.request("warming")["running"]:
-            time.sleep(0.01)
     raise AssertionError("no warm-up child was caught running")
 
 
 def test_a_warm_up_holds_up_no_other_episode_and_its_task_s_verify_takes_its_hashes(worker):
     tasks = worker.request("tasks", domain="airline", split="base")
     writes = [t["id"] for t in tasks if any(a["name"].startswith(AIRLINE_WRITES) for a in _gold(t))]
-    task_id, pid = _stopped_warm_up(worker, writes[::-1][:5])
+    fresh = [task_id for task_id in writes[::-1] if task_id not in CHANGED_GOLD["airline"]]  # parity CI's: hashed
+    task_id, pid = _stopped_warm_up(worker, fresh[:10])
     try:
         # Another episode is seeded, played and scored while the child is stopped mid-warm-up.
         retail = next(task for task in worker.request("tasks", domain=DOMAIN, split="base") if task["id"] == TASK_ID)
@@ -136,22 +143,20 @@ def test_a_warm_up_holds_up_no_other_episode_and_its_task_s_verify_takes_its_has
         during = worker.request(
             "verify", timeout_s=60, episode_id=episode_id, messages=trajectory.messages, termination_reason="user_stop"
         )
-        # answered while the warm-up was still in flight
-        assert worker.request("warming")["running"] == [["airline", task_id, pid]]
+        before = worker.request("warming")
+        assert before["running"] == [["airline", task_id, pid]]  # answered while the warm-up was still in flight
     finally:
         os.kill(pid, signal.SIGCONT)
     assert during["reward"] == 1.0
-    assert worker.score(DOMAIN, TASK_ID, trajectory.messages, "user_stop") == during  # the same answer after it
 
-    before = worker.request("warming")
-    played = _oracle(worker, tasks, task_id)
-    assert played["reward"] == 1.0  # its verify waited for the child
+    assert _oracle(worker, tasks, task_id)["reward"] == 1.0  # its verify waited for the child
     after = worker.request("warming")
     assert after["warmed"] == before["warmed"] + 1 and after["failed"] == 0
-    assert after["adopted"] > before["adopted"] and after["hashed"] == before["hashed"]  # the gold DB: the child's
+    assert after["hashed"] == before["hashed"]  # the gold DB's hash: the child's (or known before: full parity)
+    assert worker.score(DOMAIN, TASK_ID, trajectory.messages, "user_stop") == during  # the same answer after it
 
     # Another task's warmed gold DB is not this one's: adopted hashes are tau2's, one per content.
-    other = next(other for other in writes[::-1] if other != task_id)
+    other = next(other for other in fresh if other != task_id)
     worker.request("warm", domain="airline", task_id=other)
     while worker.request("warming")["running"] or worker.request("warming")["queued"]:
         time.sleep(0.01)
