@@ -361,6 +361,8 @@ def _reply(line: bytes) -> dict:
         request = json.loads(line)
     except ValueError as e:
         return {"id": None, "ok": False, "kind": "bad_request", "error": str(e)}
+    if not isinstance(request, dict):
+        return {"id": None, "ok": False, "kind": "bad_request", "error": "a request is a JSON object"}
     reply = answer(request)
     reply["id"] = request.get("id")
     return reply
