@@ -12,9 +12,10 @@ Then, with a tau2 v1.0.1 environment (``$NEMO_TAU2_TAU2_V1_PYTHON``; ``--no-v1``
 does not grade: seed, tool call and verify (without the judge) beside v0.2.1's, and the judge's added latency per
 NL task (verify of the domain's NL tasks minus the median verify without the judge; the scripted judge on 127.0.0.1).
 Every verify is its task's first. As a run uses it (``tau2.warm_gold``, on): the seed has the scoring worker hash the
-task's gold DB in a forked child while the episode is played, and the verify comes ``--think-s`` after the last tool
-call (untimed; it stands for the episode's LLM turns, seconds each in a run). Cold: a second server with
-``tau2.warm_gold=false`` plays the same tasks with no pause, so each verify hashes the gold DB itself.
+task's gold DB in a forked child while the episode is played; the first tool call comes ``--think-s`` after the seed
+and the verify ``--think-s`` after the last call (untimed; they stand for the episode's first and last LLM turns,
+seconds each in a run). Cold: a second server with ``tau2.warm_gold=false`` plays the same tasks with no pause, so
+each verify hashes the gold DB itself (its seed and call times are those of a server with no warm-up).
 
     uv run bench/env_speed.py [--tasks 5] [--idle-sessions 300] [--think-s 1.0] [--no-v1]
 
@@ -85,7 +86,7 @@ async def _measure_ours(
 ) -> tuple[list, list, list]:
     """As the agent server calls it: one pooled keep-alive aiohttp client, each episode's cookie passed along
     (``with_trajectory``: the verify carries tau2's message list, as the agent sends it for v1.0.1; ``think_s``:
-    untimed pause before the verify, the episode's last LLM turns)."""
+    untimed pause after the seed and before the verify, the episode's first and last LLM turns)."""
     seeds, calls, verifies = [], [], []
     async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as http:
         for _ in range(20):  # warm the connection pool
@@ -95,6 +96,7 @@ async def _measure_ours(
             seed = {"domain": domain, "task_id": task["id"]}
             elapsed, _, cookies = await _post(http, f"{url}/seed_session", seed, None)
             seeds.append(elapsed)
+            await asyncio.sleep(think_s)
             trajectory = Trajectory()
             trajectory.text("assistant", prompts.greeting())
             trajectory.text("user", "Hello.")
@@ -241,7 +243,7 @@ def main() -> None:
     parser.add_argument("--idle-sessions", type=int, default=300)
     parser.add_argument("--no-v1", action="store_true", help="skip tau2 v1.0.1 (needs its environment)")
     parser.add_argument(
-        "--think-s", type=float, default=1.0, help="v1.0.1: untimed pause before each verify (the last LLM turns)"
+        "--think-s", type=float, default=1.0, help="v1.0.1: untimed pause after each seed and before each verify"
     )
     args = parser.parse_args()
 
