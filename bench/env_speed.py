@@ -14,8 +14,9 @@ NL task (verify of the domain's NL tasks minus the median verify without the jud
 Every verify is its task's first. As a run uses it (``tau2.warm_gold``, on): the seed has the scoring worker hash the
 task's gold DB in a forked child while the episode is played; the first tool call comes ``--think-s`` after the seed
 and the verify ``--think-s`` after the last call (untimed; they stand for the episode's first and last LLM turns,
-seconds each in a run). Cold: a second server with ``tau2.warm_gold=false`` plays the same tasks with no pause, so
-each verify hashes the gold DB itself (its seed and call times are those of a server with no warm-up).
+seconds each in a run; v0.2.1 is measured with the same pauses for these ratios, as a process woken from a pause on
+a busy box answers later). Cold: a second server with ``tau2.warm_gold=false`` plays the same tasks with no pause,
+so each verify hashes the gold DB itself, beside v0.2.1 with no pause.
 
     uv run bench/env_speed.py [--tasks 5] [--idle-sessions 300] [--think-s 1.0] [--no-v1]
 
@@ -225,7 +226,7 @@ def measure_v101(num_tasks: int, think_s: float) -> dict:
                     plain = [task for task in tasks[domain] if not _needs_judge(task)][:num_tasks]
                     if not warm:
                         cold = measure_ours(servers.url(SERVER), domain, plain, with_trajectory=True)
-                        results[domain] |= {"verify_cold_ms": cold["verify_ms"], "cold": cold}
+                        results[domain]["cold"] = cold
                         continue
                     results[domain] |= measure_ours(servers.url(SERVER), domain, plain, True, think_s)
                     judged = [task for task in tasks[domain] if _needs_judge(task)][:num_tasks]
@@ -254,8 +255,10 @@ def main() -> None:
         for domain in DOMAINS:
             tasks = domains.get_tasks(domain, "test")[: args.tasks]
             ours = measure_ours(url, domain, tasks)
+            if not args.no_v1:  # v1.0.1's warmed server is measured with pauses: this side too, the same pauses
+                results[domain] = {"ours_paused": measure_ours(url, domain, tasks, think_s=args.think_s)}
             ours["idle_session_mb"] = measure_idle_memory(url, pid, domain, tasks[0].id, args.idle_sessions)
-            results[domain] = {"ours": ours}
+            results[domain] = results.get(domain, {}) | {"ours": ours}
     for domain in DOMAINS:
         tau2 = measure_tau2(domain, domains.get_tasks(domain, "test")[: args.tasks])
         ours = results[domain]["ours"]
@@ -280,17 +283,17 @@ def main() -> None:
         if args.think_s < 0:
             parser.error(f"--think-s must be >= 0, not {args.think_s}")
         v101 = measure_v101(args.tasks, args.think_s)
-        print(f"{'domain':8} {'op':14} {'v0.2.1 ms':>10} {'v1.0.1 ms':>10} {'ratio':>7}   (over HTTP)")
+        print(f"{'domain':8} {'op':19} {'v0.2.1 ms':>10} {'v1.0.1 ms':>10} {'ratio':>7}   (over HTTP)")
         for domain in DOMAINS:
-            ours = results[domain]["ours"]
-            ratio = {op: round(v101[domain][op] / ours[op], 2) for op in ("seed_ms", "tool_call_ms", "verify_ms")}
-            ratio["verify_cold_ms"] = round(v101[domain]["verify_cold_ms"] / ours["verify_ms"], 2)
+            ours, paused, cold = results[domain]["ours"], results[domain]["ours_paused"], v101[domain]["cold"]
+            pairs = {f"{op} warmed": (paused[op], v101[domain][op]) for op in ("seed_ms", "tool_call_ms", "verify_ms")}
+            pairs |= {f"{op} cold": (ours[op], cold[op]) for op in ("seed_ms", "tool_call_ms", "verify_ms")}
+            ratio = {name: round(theirs / mine, 2) for name, (mine, theirs) in pairs.items()}
             results[domain] |= {"v1.0.1": v101[domain], "ratio_v101_over_v021": ratio}
-            for op, value in ratio.items():
-                mine = ours[op.replace("_cold", "")]
-                print(f"{domain:8} {op:14} {mine:10.2f} {v101[domain][op]:10.2f} {value:7.2f}")
+            for name, (mine, theirs) in pairs.items():
+                print(f"{domain:8} {name:19} {mine:10.2f} {theirs:10.2f} {ratio[name]:7.2f}")
             if "judge_added_ms" in v101[domain]:
-                print(f"{domain:8} {'judge_added_ms':14} {'':>10} {v101[domain]['judge_added_ms']:10.2f}")
+                print(f"{domain:8} {'judge_added_ms':19} {'':>10} {v101[domain]['judge_added_ms']:10.2f}")
     print(
         json.dumps(
             {"benchmark": "env_speed", "tasks_per_domain": args.tasks, "think_s": args.think_s, "results": results}
