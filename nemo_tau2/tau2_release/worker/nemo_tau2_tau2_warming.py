@@ -11,9 +11,9 @@ pairs, and a key is the DB's content, so a warm-up can only turn a later hash in
 answer. The parent keeps answering while children work, and forks one only when no request waits (a fork holds
 the parent ~16 ms at ~250 MB resident).
 
-A verify of a task whose warm-up is running waits for it (it would compute the same hashes); one whose warm-up
-is still queued drops it and computes them itself. A child that fails or outlives ``timeout_s`` is dropped
-(killed); its task is then scored exactly as without the warm-up.
+A verify of a task whose warm-up is running waits for it (it would compute the same hashes), at most
+``verify_wait_s``; one whose warm-up is still queued drops it and computes them itself. A child that fails, outlives
+``timeout_s`` or the verify's wait is dropped (killed); its task is then scored exactly as without the warm-up.
 """
 
 import os
@@ -37,10 +37,11 @@ class _Child:
 class GoldWarming:
     """Warm-ups queued by task, one forked child at a time (each is a CPU-bound tau2 replay and hash)."""
 
-    def __init__(self, hashes, warm_one, timeout_s: float = 120.0, max_children: int = 1):
+    def __init__(self, hashes, warm_one, timeout_s: float = 60.0, max_children: int = 1, verify_wait_s: float = 5.0):
         self._hashes = hashes
         self._warm_one = warm_one  # (domain, task_id) -> None, run in the child: tau2's evaluator on the task
         self._timeout_s = timeout_s
+        self._verify_wait_s = verify_wait_s  # longer than a healthy child takes (a fraction of a second); then cold
         self._max_children = max_children
         self._queued: OrderedDict = OrderedDict()
         self._children: dict[int, _Child] = {}  # by the read end of its pipe
@@ -107,9 +108,10 @@ class GoldWarming:
         for fd, child in list(self._children.items()):
             if child.key != key:
                 continue
+            until = min(child.started + self._timeout_s, time.monotonic() + self._verify_wait_s)
             while fd in self._children:
-                remaining = self._timeout_s - (time.monotonic() - child.started)
-                if remaining <= 0:
+                remaining = until - time.monotonic()
+                if remaining <= 0:  # a child stuck (e.g. on a lock a thread held at the fork): scored as without it
                     self._kill(fd)
                     self.failed += 1
                     break
