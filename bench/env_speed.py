@@ -11,8 +11,14 @@ Then, with a tau2 v1.0.1 environment (``$NEMO_TAU2_TAU2_V1_PYTHON``; ``--no-v1``
 ``tau2.version=v1.0.1`` over HTTP (its episode and scoring workers), per domain on the first test tasks the judge
 does not grade: seed, tool call and verify (without the judge) beside v0.2.1's, and the judge's added latency per
 NL task (verify of the domain's NL tasks minus the median verify without the judge; the scripted judge on 127.0.0.1).
+Every verify is its task's first. As a run uses it (``tau2.warm_gold``, on): the seed has the scoring worker hash the
+task's gold DB in a forked child while the episode is played; the first tool call comes ``--think-s`` after the seed
+and the verify ``--think-s`` after the last call (untimed; they stand for the episode's first and last LLM turns,
+seconds each in a run; v0.2.1 is measured with the same pauses for these ratios, as a process woken from a pause on
+a busy box answers later). Cold: a second server with ``tau2.warm_gold=false`` plays the same tasks with no pause,
+so each verify hashes the gold DB itself, beside v0.2.1 with no pause.
 
-    uv run bench/env_speed.py [--tasks 5] [--idle-sessions 300] [--no-v1]
+    uv run bench/env_speed.py [--tasks 5] [--idle-sessions 300] [--think-s 1.0] [--no-v1]
 
 Prints a table, then a last line of JSON with both sides and the ratios (tau2 time / ours; v1.0.1 / v0.2.1).
 """
@@ -76,9 +82,12 @@ def gold_play(task) -> dict:
     return {"id": task["id"] if isinstance(task, dict) else task.id, "actions": actions, "closing": text}
 
 
-async def _measure_ours(url: str, domain: str, tasks, with_trajectory: bool = False) -> tuple[list, list, list]:
+async def _measure_ours(
+    url: str, domain: str, tasks, with_trajectory: bool = False, think_s: float = 0.0
+) -> tuple[list, list, list]:
     """As the agent server calls it: one pooled keep-alive aiohttp client, each episode's cookie passed along
-    (``with_trajectory``: the verify carries tau2's message list, as the agent sends it for v1.0.1)."""
+    (``with_trajectory``: the verify carries tau2's message list, as the agent sends it for v1.0.1; ``think_s``:
+    untimed pause after the seed and before the verify, the episode's first and last LLM turns)."""
     seeds, calls, verifies = [], [], []
     async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as http:
         for _ in range(20):  # warm the connection pool
@@ -88,6 +97,7 @@ async def _measure_ours(url: str, domain: str, tasks, with_trajectory: bool = Fa
             seed = {"domain": domain, "task_id": task["id"]}
             elapsed, _, cookies = await _post(http, f"{url}/seed_session", seed, None)
             seeds.append(elapsed)
+            await asyncio.sleep(think_s)
             trajectory = Trajectory()
             trajectory.text("assistant", prompts.greeting())
             trajectory.text("user", "Hello.")
@@ -103,6 +113,7 @@ async def _measure_ours(url: str, domain: str, tasks, with_trajectory: bool = Fa
             trajectory.text("assistant", task["closing"])
             trajectory.text("user", "###STOP###")
             body = verify_body([task["closing"]])
+            await asyncio.sleep(think_s)
             if with_trajectory:
                 body["tau2_messages"] = trajectory.messages
             elapsed, text, _ = await _post(http, f"{url}/verify", body, cookies)
@@ -111,8 +122,8 @@ async def _measure_ours(url: str, domain: str, tasks, with_trajectory: bool = Fa
     return seeds, calls, verifies
 
 
-def measure_ours(url: str, domain: str, tasks, with_trajectory: bool = False) -> dict:
-    seeds, calls, verifies = asyncio.run(_measure_ours(url, domain, tasks, with_trajectory))
+def measure_ours(url: str, domain: str, tasks, with_trajectory: bool = False, think_s: float = 0.0) -> dict:
+    seeds, calls, verifies = asyncio.run(_measure_ours(url, domain, tasks, with_trajectory, think_s))
     return {
         "seed_ms": _ms(statistics.median(seeds)),
         "tool_call_ms": _ms(statistics.median(calls)),
@@ -197,24 +208,31 @@ def _needs_judge(task: dict) -> bool:
     return "NL_ASSERTION" in (criteria.get("reward_basis") or []) and bool(criteria.get("nl_assertions"))
 
 
-def measure_v101(num_tasks: int) -> dict:
-    """The resources server on v1.0.1 over HTTP, per domain: plain tasks (no judge), then the judged ones."""
+def measure_v101(num_tasks: int, think_s: float) -> dict:
+    """The resources server on v1.0.1 over HTTP, per domain: plain tasks (no judge), then the judged ones; gold
+    side warmed on seed (a run's setting), then cold (``warm_gold=false``) on a server of its own."""
     judge = ScriptedJudge()
     release = Tau2ReleaseConfig(version="v1.0.1", judge=NLJudgeConfig(model="scripted-judge", base_url=judge.base_url))
     release_python(release)  # one-line error naming the build command when there is no v1.0.1 environment
     with Tau2Worker(release) as worker:
         tasks = {domain: worker.request("tasks", domain=domain, split="test") for domain in DOMAINS}
-    config = {"domain": "agent", "domains": list(DOMAINS), "tau2": release.model_dump(mode="json")}
-    results = {}
+    results: dict = {domain: {} for domain in DOMAINS}
     try:
-        with GymServers([ServerSpec(SERVER, "resources_servers", "tau2", SERVER_CLASS, config)]) as servers:
-            for domain in DOMAINS:
-                plain = [task for task in tasks[domain] if not _needs_judge(task)][:num_tasks]
-                results[domain] = measure_ours(servers.url(SERVER), domain, plain, with_trajectory=True)
-                judged = [task for task in tasks[domain] if _needs_judge(task)][:num_tasks]
-                if judged:
-                    nl = measure_ours(servers.url(SERVER), domain, judged, with_trajectory=True)
-                    results[domain]["judge_added_ms"] = round(nl["verify_ms"] - results[domain]["verify_ms"], 3)
+        for warm in (True, False):
+            tau2 = release.model_copy(update={"warm_gold": warm}).model_dump(mode="json")
+            config = {"domain": "agent", "domains": list(DOMAINS), "tau2": tau2}
+            with GymServers([ServerSpec(SERVER, "resources_servers", "tau2", SERVER_CLASS, config)]) as servers:
+                for domain in DOMAINS:
+                    plain = [task for task in tasks[domain] if not _needs_judge(task)][:num_tasks]
+                    if not warm:
+                        cold = measure_ours(servers.url(SERVER), domain, plain, with_trajectory=True)
+                        results[domain]["cold"] = cold
+                        continue
+                    results[domain] |= measure_ours(servers.url(SERVER), domain, plain, True, think_s)
+                    judged = [task for task in tasks[domain] if _needs_judge(task)][:num_tasks]
+                    if judged:
+                        nl = measure_ours(servers.url(SERVER), domain, judged, True, think_s)
+                        results[domain]["judge_added_ms"] = round(nl["verify_ms"] - results[domain]["verify_ms"], 3)
     finally:
         judge.close()
     return results
@@ -225,6 +243,9 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=5, help="tasks per domain (test split order)")
     parser.add_argument("--idle-sessions", type=int, default=300)
     parser.add_argument("--no-v1", action="store_true", help="skip tau2 v1.0.1 (needs its environment)")
+    parser.add_argument(
+        "--think-s", type=float, default=1.0, help="v1.0.1: untimed pause after each seed and before each verify"
+    )
     args = parser.parse_args()
 
     spec = ServerSpec(SERVER, "resources_servers", "tau2", SERVER_CLASS, {"domain": "agent", "domains": list(DOMAINS)})
@@ -234,8 +255,10 @@ def main() -> None:
         for domain in DOMAINS:
             tasks = domains.get_tasks(domain, "test")[: args.tasks]
             ours = measure_ours(url, domain, tasks)
+            if not args.no_v1:  # v1.0.1's warmed server is measured with pauses: this side too, the same pauses
+                results[domain] = {"ours_paused": measure_ours(url, domain, tasks, think_s=args.think_s)}
             ours["idle_session_mb"] = measure_idle_memory(url, pid, domain, tasks[0].id, args.idle_sessions)
-            results[domain] = {"ours": ours}
+            results[domain] = results.get(domain, {}) | {"ours": ours}
     for domain in DOMAINS:
         tau2 = measure_tau2(domain, domains.get_tasks(domain, "test")[: args.tasks])
         ours = results[domain]["ours"]
@@ -257,17 +280,25 @@ def main() -> None:
             f"{o['idle_session_mb']:8.3f} | {t['reset_ms']:10.1f} {t['step_ms'] or 0:8.1f} {t['evaluate_ms']:9.1f}"
         )
     if not args.no_v1:
-        v101 = measure_v101(args.tasks)
-        print(f"{'domain':8} {'op':14} {'v0.2.1 ms':>10} {'v1.0.1 ms':>10} {'ratio':>7}   (over HTTP)")
+        if args.think_s < 0:
+            parser.error(f"--think-s must be >= 0, not {args.think_s}")
+        v101 = measure_v101(args.tasks, args.think_s)
+        print(f"{'domain':8} {'op':19} {'v0.2.1 ms':>10} {'v1.0.1 ms':>10} {'ratio':>7}   (over HTTP)")
         for domain in DOMAINS:
-            ours = results[domain]["ours"]
-            ratio = {op: round(v101[domain][op] / ours[op], 2) for op in ("seed_ms", "tool_call_ms", "verify_ms")}
+            ours, paused, cold = results[domain]["ours"], results[domain]["ours_paused"], v101[domain]["cold"]
+            pairs = {f"{op} warmed": (paused[op], v101[domain][op]) for op in ("seed_ms", "tool_call_ms", "verify_ms")}
+            pairs |= {f"{op} cold": (ours[op], cold[op]) for op in ("seed_ms", "tool_call_ms", "verify_ms")}
+            ratio = {name: round(theirs / mine, 2) for name, (mine, theirs) in pairs.items()}
             results[domain] |= {"v1.0.1": v101[domain], "ratio_v101_over_v021": ratio}
-            for op, value in ratio.items():
-                print(f"{domain:8} {op:14} {ours[op]:10.2f} {v101[domain][op]:10.2f} {value:7.2f}")
+            for name, (mine, theirs) in pairs.items():
+                print(f"{domain:8} {name:19} {mine:10.2f} {theirs:10.2f} {ratio[name]:7.2f}")
             if "judge_added_ms" in v101[domain]:
-                print(f"{domain:8} {'judge_added_ms':14} {'':>10} {v101[domain]['judge_added_ms']:10.2f}")
-    print(json.dumps({"benchmark": "env_speed", "tasks_per_domain": args.tasks, "results": results}))
+                print(f"{domain:8} {'judge_added_ms':19} {'':>10} {v101[domain]['judge_added_ms']:10.2f}")
+    print(
+        json.dumps(
+            {"benchmark": "env_speed", "tasks_per_domain": args.tasks, "think_s": args.think_s, "results": results}
+        )
+    )
 
 
 if __name__ == "__main__":

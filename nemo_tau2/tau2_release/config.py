@@ -41,6 +41,12 @@ class Tau2ReleaseConfig(BaseModel):
         "null: $NEMO_TAU2_TAU2_V1_PYTHON.",
     )
     judge: NLJudgeConfig = Field(default_factory=NLJudgeConfig, description="v1.0.1's NL-assertion judge.")
+    warm_gold: bool = Field(
+        default=True,
+        description="v1.0.1: when an episode is seeded, the scoring worker has tau2 hash the task's gold DB in a "
+        "forked child while the episode is played, so its verify finds the hash memoised (false: a task's first "
+        "verify hashes it, ~35-70 ms; the score is the same either way).",
+    )
 
 
 def release_from_overrides(overrides: list[str]) -> Tau2ReleaseConfig:

@@ -7,7 +7,9 @@ seed, tool call and end goes there, serialised by the client's lock, on the serv
 (so the replay rules of :mod:`.replay` hold as they do in process; the in-process release also runs tau2 one call
 at a time). The *scoring* worker holds nothing: tau2's ``evaluate_simulation`` needs only the task and the
 trajectory, so ``/verify`` scores there, on a thread of its own (:attr:`WorkerRelease.scoring`), and an NL judge
-that takes seconds to answer holds up no other session's tool calls. Replicas (``resources_replicas``) are the way
+that takes seconds to answer holds up no other session's tool calls. A seed also asks the scoring worker, on that
+thread, to warm the task's gold side (``tau2.warm_gold``: a forked child hashes the gold DB with tau2's code while
+the episode is played), so the episode's verify finds the hash memoised. Replicas (``resources_replicas``) are the way
 to scale, each with its two workers.
 
 The trajectory scored is tau2's own message list, built by the agent as the episode is played (its ``/verify``
@@ -100,6 +102,7 @@ class WorkerRelease:
 
     def __init__(self, config: Tau2ReleaseConfig):
         self.version = config.version
+        self._warm_gold = config.warm_gold
         with ThreadPoolExecutor(2) as starting:  # each start imports tau2 (~10-35 s): together, not in turn
             started = [starting.submit(Tau2Worker, config) for _ in range(2)]
         workers = [future.result() for future in started if future.exception() is None]
@@ -128,6 +131,8 @@ class WorkerRelease:
     def start_episode(self, domain: str, task_id: str) -> tuple[WorkerEpisode, dict[str, Any]]:
         """Raises :class:`~nemo_tau2.tau2_release.client.Tau2RequestError` for an unknown domain or task."""
         seeded = self.worker.request("seed", domain=domain, task_id=task_id)
+        if self._warm_gold:
+            self.scoring.submit(self._warm, domain, str(task_id))
         self._load_reward_basis(domain)
         episode = WorkerEpisode(self.worker, domain, str(task_id), seeded["episode_id"])
         return episode, {
@@ -138,6 +143,13 @@ class WorkerRelease:
             "user_tools": as_responses_tools(seeded["user_tools"]),
             "reward_basis": self._reward_basis[domain].get(str(task_id), []),
         }
+
+    def _warm(self, domain: str, task_id: str) -> None:
+        """On :attr:`scoring`: queue the task's warm-up (answered at once). A failure only costs the verify time."""
+        try:
+            self.scorer.request("warm", domain=domain, task_id=task_id)
+        except Exception as e:  # noqa: BLE001  (the verify scores as without the warm-up, and reports its own errors)
+            logger.warning("%s task %s: gold side not warmed: %s", domain, task_id, e)
 
     def score_episode(
         self, episode: WorkerEpisode, tau2_messages: list[dict] | None, termination_reason: str | None

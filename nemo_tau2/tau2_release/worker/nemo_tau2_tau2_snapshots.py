@@ -80,6 +80,9 @@ class ContentHashes:
         self._hashes: OrderedDict = OrderedDict()
         self._snapshot_json = session_db.SnapshotJsonCache()
         self.computed = 0  # hashes tau2 computed (the rest were memoised)
+        self.adopted = 0  # hashes tau2 computed in a warming child (``nemo_tau2_tau2_warming``), taken in here
+        #: In a warming child: every (content key, hash) tau2 computes there, for its parent to adopt.
+        self.fresh: list | None = None
 
     def content_key(self, db) -> tuple:
         """What the DB's canonical JSON is a function of: the snapshot collections it forks, the entries of each
@@ -112,12 +115,25 @@ class ContentHashes:
         if found is None:
             found = tau2_hash()
             self.computed += 1
-            self._hashes[key] = found
-            if len(self._hashes) > self._size:
-                self._hashes.popitem(last=False)
+            self._remember(key, found)
+            if self.fresh is not None:
+                self.fresh.append((key, found))
         else:
             self._hashes.move_to_end(key)
         return found
+
+    def adopt(self, entries: list) -> None:
+        """Hashes a forked child of this process computed with tau2's code: its content keys name this process's
+        snapshots (same objects, same ids: they existed before the fork)."""
+        for key, found in entries:
+            if key not in self._hashes:
+                self._remember(key, found)
+                self.adopted += 1
+
+    def _remember(self, key: tuple, found: str) -> None:
+        self._hashes[key] = found
+        if len(self._hashes) > self._size:
+            self._hashes.popitem(last=False)
 
 
 def _forks_collections(db) -> bool:
@@ -135,10 +151,10 @@ class _SnapshotCopies:
         self._db_class = db_class
         self._data = load_file(path)
         self._snapshot = db_class.model_validate(self._data)
-        self._fork = any(isinstance(getattr(self._snapshot, name), dict) for name in db_class.model_fields)
+        self.forks = any(isinstance(getattr(self._snapshot, name), dict) for name in db_class.model_fields)
 
     def new(self):
-        if self._fork:
+        if self.forks:
             return session_db.fork_database(self._snapshot)
         return self._db_class.model_validate(copy.deepcopy(self._data))
 
@@ -149,6 +165,7 @@ class DomainSnapshots:
     def __init__(self):
         self.hashes = ContentHashes()
         self._forked_names: dict[str, str] = {}
+        self._memoised: set[str] = set()  # domains whose forked DBs' hashes are memoised (dict collections)
 
     def forked_domain(self, domain: str) -> str:
         """The registry name whose constructor is ``domain``'s, fed forks of the snapshot (``domain`` itself
@@ -157,12 +174,19 @@ class DomainSnapshots:
             self._forked_names[domain] = self._register(domain)
         return self._forked_names[domain]
 
+    def memoises_hashes(self, domain: str) -> bool:
+        """Whether ``domain``'s DB hashes are memoised here (loading its snapshot first): a forked DB's are."""
+        self.forked_domain(domain)
+        return domain in self._memoised
+
     def _register(self, domain: str) -> str:
         files = _db_files(domain)
         constructor = registry.get_env_constructor(domain)
         if files is None or not set(files) <= set(inspect.signature(constructor).parameters):
             return domain
         copies = {argument: _SnapshotCopies(db_class, path) for argument, (db_class, path) in files.items()}
+        if any(source.forks for source in copies.values()):
+            self._memoised.add(domain)
         gc.freeze()  # the snapshots live as long as the worker: keep the collector from walking their objects again
 
         def build_forked(**kwargs):

@@ -8,8 +8,9 @@ stderr first). Everything version-specific comes from the release through its pu
 (``LLMAgent``, ``build_user``) and the reward (``evaluate_simulation`` on the episode's trajectory, the
 NL-assertion judge included, pointed at the endpoint the run configures). Every environment, the three that
 ``evaluate_simulation`` builds per score included, is tau2's own constructor fed a fork of one DB snapshot per
-domain (``nemo_tau2_tau2_snapshots``), instead of the DB file read again, and a tool's specification is parsed
-from its docstring once per process (``nemo_tau2_tau2_tool_specs``).
+domain (``nemo_tau2_tau2_snapshots``), instead of the DB file read again, a tool's specification is parsed
+from its docstring once per process (``nemo_tau2_tau2_tool_specs``), and ``warm`` has a forked child hash a task's
+gold DB with tau2's code while its episode is played (``nemo_tau2_tau2_warming``), so the verify finds it memoised.
 
 Answers: ``{"id", "ok": true, "result"}`` or ``{"id", "ok": false, "kind", "error"}`` where ``kind`` is
 ``bad_request`` (unknown domain/task/episode, malformed message), ``judge`` (the NL-assertion judge failed:
@@ -18,6 +19,7 @@ an infrastructure error, never a score) or ``internal``.
 
 import json
 import os
+import select
 import sys
 import traceback
 import uuid
@@ -34,12 +36,15 @@ logger.add(sys.stderr, level=os.environ.get("NEMO_TAU2_TAU2_LOG_LEVEL", "ERROR")
 import tau2.evaluator.evaluator_nl_assertions as nl_assertions  # noqa: E402
 from nemo_tau2_tau2_snapshots import DomainSnapshots  # noqa: E402
 from nemo_tau2_tau2_tool_specs import memoise_tool_parsing  # noqa: E402
+from nemo_tau2_tau2_warming import GoldWarming  # noqa: E402
 from tau2.agent.llm_agent import AGENT_INSTRUCTION, SYSTEM_PROMPT  # noqa: E402
 from tau2.data_model.message import AssistantMessage, ToolCall, ToolMessage, UserMessage  # noqa: E402
 from tau2.data_model.simulation import SimulationRun, TerminationReason  # noqa: E402
 from tau2.data_model.tasks import RewardType  # noqa: E402
 from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation  # noqa: E402
+from tau2.evaluator.evaluator_env import EnvironmentEvaluator  # noqa: E402
 from tau2.orchestrator.orchestrator import DEFAULT_FIRST_AGENT_MESSAGE  # noqa: E402
+from tau2.registry import registry  # noqa: E402
 from tau2.runner import build_environment, build_user, get_tasks, load_task_splits  # noqa: E402
 
 _JUDGE_MODULES = ("evaluator_nl_assertions.py", "llm_utils.py")
@@ -57,6 +62,18 @@ _tasks: dict[str, dict] = {}
 _episodes: dict[str, dict] = {}
 _snapshots = DomainSnapshots()
 memoise_tool_parsing()
+
+
+def _warm_gold(domain: str, task_id: str) -> None:
+    """In a warming child: tau2's own environment evaluator on the task, the trajectory that of an agent that did
+    nothing, so tau2 hashes the gold DB and the initial one (the memo keeps both; the verdict is discarded)."""
+    task = _task(domain, task_id)
+    history = list(task.initial_state.message_history or []) if task.initial_state else []
+    constructor = registry.get_env_constructor(_snapshots.forked_domain(domain))
+    EnvironmentEvaluator.calculate_reward(constructor, task, history, solo_mode=False)
+
+
+_warming = GoldWarming(_snapshots.hashes, _warm_gold)
 
 
 def _domain_tasks(domain: str) -> dict:
@@ -143,6 +160,18 @@ def seed(domain: str, task_id: str) -> dict:
 _schemas: dict[tuple, list] = {}
 
 
+def warm(domain: str, task_id: str) -> dict:
+    """Queue the task's gold-side warm-up (answers at once); nothing to warm where hashes are not memoised."""
+    _task(domain, task_id)
+    if not _snapshots.memoises_hashes(domain):
+        return {"queued": False}
+    return _warming.request(domain, task_id)
+
+
+def warming() -> dict:
+    return _warming.stats()
+
+
 def _user_tool_schemas(env, user) -> list:
     """The user's tools' ``openai_schema``s, once per toolkit class and tool list: a schema is its method's."""
     key = (type(env.user_tools), tuple(tool.name for tool in user.tools or []))
@@ -202,6 +231,7 @@ def evaluate(domain: str, task_id: str, messages: list, termination_reason: str)
         termination_reason=reason,
         messages=[_message(item) for item in messages],
     )
+    _warming.before_scoring(domain, task.id)
     try:
         info = evaluate_simulation(
             simulation, task, EvaluationType.ALL, solo_mode=False, domain=_snapshots.forked_domain(domain)
@@ -278,6 +308,8 @@ OPERATIONS = {
     "verify": verify,
     "export": export,
     "end": end,
+    "warm": warm,
+    "warming": warming,
 }
 
 
@@ -302,17 +334,38 @@ def main() -> None:
     import importlib.metadata
 
     _PROTOCOL.write(json.dumps({"ready": True, "tau2_version": importlib.metadata.version("tau2")}) + "\n")
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        try:
-            request = json.loads(line)
-        except ValueError as e:
-            _PROTOCOL.write(json.dumps({"id": None, "ok": False, "kind": "bad_request", "error": str(e)}) + "\n")
-            continue
-        reply = answer(request)
-        reply["id"] = request.get("id")
-        _PROTOCOL.write(json.dumps(reply) + "\n")
+    stdin, pending = sys.stdin.fileno(), b""
+    try:
+        while True:  # requests on stdin, and the warming children's answers as they come
+            readable, _, _ = select.select([stdin, *_warming.fds()], [], [], _warming.poll_timeout())
+            for fd in readable:
+                if fd != stdin:
+                    _warming.on_readable(fd)
+            _warming.drop_overdue()
+            if stdin not in readable:
+                _warming.start_next()  # no request waits: a warm-up's fork holds up none
+                continue
+            chunk = os.read(stdin, 1 << 20)
+            if not chunk:
+                return
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                if line.strip():
+                    _PROTOCOL.write(json.dumps(_reply(line)) + "\n")
+    finally:
+        _warming.close()
+
+
+def _reply(line: bytes) -> dict:
+    try:
+        request = json.loads(line)
+    except ValueError as e:
+        return {"id": None, "ok": False, "kind": "bad_request", "error": str(e)}
+    if not isinstance(request, dict):
+        return {"id": None, "ok": False, "kind": "bad_request", "error": "a request is a JSON object"}
+    reply = answer(request)
+    reply["id"] = request.get("id")
+    return reply
 
 
 if __name__ == "__main__":

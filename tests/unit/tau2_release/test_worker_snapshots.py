@@ -5,14 +5,23 @@ into another: after an episode that changes a user's address, the next episode o
 user and is scored on the pristine DB (a trajectory without the write fails the DB check, as tau2 v1.0.1 scores
 it), and replaying the write scores 1.0 again, live (``verify``) and stateless (``evaluate``). Its memoised tool
 specifications (``nemo_tau2_tau2_tool_specs``, the user's schemas per toolkit) equal what tau2 builds afresh.
+A task's gold side warmed in a forked child (``nemo_tau2_tau2_warming``) holds up no other episode's requests while
+it runs, and its task's verify then takes the child's hashes instead of hashing again (the parity test checks the
+warmed scores against tau2's own).
 """
 
 import json
+import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 from nemo_tau2.tau2_release.trajectory import Trajectory
 from tests.tau2_v1_env import tau2_v1_python
+from tests.unit.tau2_release.episode_scripts import episode_scripts
+from tests.unit.tau2_release.test_parity_v1 import CHANGED_GOLD
+from tests.unit.tau2_release.worker_episodes import play
 
 DOMAINS = ("airline", "retail", "telecom")
 DOMAIN, TASK_ID = "retail", "33"  # DB-only basis; its last gold action rewrites the user's address
@@ -83,3 +92,79 @@ def test_tool_schemas_and_prompts_equal_tau2_s_own_on_every_seed(worker):
             assert seeded["user_system_prompt"] == theirs[domain]["user"]["system_prompt"], domain
             assert seeded["user_tools"] == theirs[domain]["user"]["tools"], domain
     assert theirs["telecom"]["user"]["tools"]
+
+
+AIRLINE_WRITES = ("book_", "cancel_", "update_", "send_")
+
+
+def _gold(task: dict) -> list[dict]:
+    return task["evaluation_criteria"]["actions"] or []
+
+
+def _state(pid: int) -> str:
+    """The process's state letter (T: stopped); Z for one that ended, reaped or not."""
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0]
+    except FileNotFoundError:
+        return "Z"
+
+
+def _stopped_warm_up(worker, task_ids: list[str]) -> tuple[str, int]:
+    """Warm the tasks in turn until one's child is caught running, and stop it there (SIGSTOP): (task, pid)."""
+    for task_id in task_ids:
+        while worker.request("warming")["running"]:  # one child at a time: the one caught must be this task's
+            time.sleep(0.01)
+        if not worker.request("warm", domain="airline", task_id=task_id)["queued"]:
+            continue  # warmed before
+        deadline = time.monotonic() + 10
+        while not (running := worker.request("warming")["running"]) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        if running:
+            ((domain, warmed, pid),) = running
+            assert (domain, warmed) == ("airline", task_id)
+            os.kill(pid, signal.SIGSTOP)
+            while _state(pid) not in ("T", "Z"):  # a signal lands a moment later; Z: it had finished
+                time.sleep(0.001)
+            if _state(pid) == "T":
+                return task_id, pid
+    raise AssertionError("no warm-up child was caught running")
+
+
+def test_a_warm_up_holds_up_no_other_episode_and_its_task_s_verify_takes_its_hashes(worker):
+    tasks = worker.request("tasks", domain="airline", split="base")
+    writes = [t["id"] for t in tasks if any(a["name"].startswith(AIRLINE_WRITES) for a in _gold(t))]
+    fresh = [task_id for task_id in writes[::-1] if task_id not in CHANGED_GOLD["airline"]]  # parity CI's: hashed
+    task_id, pid = _stopped_warm_up(worker, fresh[:10])
+    try:
+        # Another episode is seeded, played and scored while the child is stopped mid-warm-up.
+        retail = next(task for task in worker.request("tasks", domain=DOMAIN, split="base") if task["id"] == TASK_ID)
+        gold = retail["evaluation_criteria"]["actions"]
+        episode_id, trajectory, _, _ = _episode(worker, gold, gold[-1]["arguments"]["user_id"])
+        during = worker.request(
+            "verify", timeout_s=60, episode_id=episode_id, messages=trajectory.messages, termination_reason="user_stop"
+        )
+        before = worker.request("warming")
+        assert before["running"] == [["airline", task_id, pid]]  # answered while the warm-up was still in flight
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert during["reward"] == 1.0
+
+    assert _oracle(worker, tasks, task_id)["reward"] == 1.0  # its verify waited for the child
+    after = worker.request("warming")
+    assert after["warmed"] == before["warmed"] + 1 and after["failed"] == 0
+    assert after["hashed"] == before["hashed"]  # the gold DB's hash: the child's (or known before: full parity)
+    assert worker.score(DOMAIN, TASK_ID, trajectory.messages, "user_stop") == during  # the same answer after it
+
+    # Another task's warmed gold DB is not this one's: adopted hashes are tau2's, one per content.
+    other = next(other for other in fresh if other != task_id)
+    worker.request("warm", domain="airline", task_id=other)
+    while worker.request("warming")["running"] or worker.request("warming")["queued"]:
+        time.sleep(0.01)
+    assert _oracle(worker, tasks, other)["reward"] == 1.0
+    crossed = worker.score("airline", task_id, _oracle(worker, tasks, other)["messages"], "user_stop")
+    assert crossed["reward"] == 0.0 and crossed["reward_info"]["db_check"]["db_match"] is False
+
+
+def _oracle(worker, tasks: list[dict], task_id: str) -> dict:
+    task = next(task for task in tasks if task["id"] == task_id)
+    return play(worker, "airline", task_id, episode_scripts(task, worker.request("greeting"))["oracle"])
