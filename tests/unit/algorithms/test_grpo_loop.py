@@ -226,8 +226,8 @@ def test_a_rerun_resumes_from_the_latest_checkpoint_with_its_weights(tiny_policy
     also the Megatron learning run: 8 steps (not 2) of the learning tests' run with its own optimizer
     (``megatron_cfg.optimizer``, the same lr) raise the mean reward and the right call's margin as the torch run must
     (folded in here: one Megatron start instead of two); and its weights reach the hf engine after each step (HF
-    export): what it samples has the trainer's logprobs (measured max |diff| 1.5e-6; one unsynced step moves them by
-    far more than 1e-4)."""
+    export): what it samples has the trainer's logprobs (measured max |diff| <= 1.0e-5 a step; one unsynced step moves
+    them by far more than 1e-4)."""
     megatron = backend == "megatron"
     steps, save_period = (8, 4) if megatron else (2, 1)
     keys = [EPISODES, f"checkpointing.save_period={save_period}"] + (["policy.megatron_cfg.enabled=true"] * megatron)
