@@ -10,6 +10,10 @@ Three layouts differ from HF's:
 - **Tied embeddings**: HF's ``lm_head.weight`` is absent (or equal to the embedding); Megatron shares the embedding
   with the output layer (``share_embeddings_and_output_weights``) and exports no ``output_layer.weight``.
 
+- **Padded vocabulary**: the embedding and output layer may hold more rows than the HF vocabulary (Megatron's
+  ``make_vocab_size_divisible_by x TP``, so any vocabulary splits over the TP ranks); the extra rows are zeros in,
+  dropped out.
+
 Qwen3's per-head ``q_norm`` / ``k_norm`` become ``q_layernorm`` / ``k_layernorm``. Full (unsharded) Megatron state
 uses global layer numbers; :func:`stage_state` renumbers the layers one pipeline stage holds.
 """
@@ -71,13 +75,28 @@ def split_qkv(qkv: torch.Tensor, hf_config) -> tuple[torch.Tensor, torch.Tensor,
     return q.reshape(-1, hidden), k.reshape(-1, hidden), v.reshape(-1, hidden)
 
 
-def hf_to_megatron(hf_state: Mapping[str, torch.Tensor], hf_config) -> dict[str, torch.Tensor]:
-    """A full HF state dict -> the full (unsharded, all layers) Megatron state dict; unknown names are refused."""
+_VOCAB_ROWS = ("embedding.word_embeddings.weight", "output_layer.weight")
+
+
+def _pad_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
+    if rows < tensor.shape[0]:
+        raise ValueError(f"megatron conversion: padded vocabulary {rows} is smaller than the HF one {tensor.shape[0]}")
+    return torch.cat([tensor, tensor.new_zeros(rows - tensor.shape[0], *tensor.shape[1:])])
+
+
+def hf_to_megatron(
+    hf_state: Mapping[str, torch.Tensor], hf_config, padded_vocab_size: int | None = None
+) -> dict[str, torch.Tensor]:
+    """A full HF state dict -> the full (unsharded, all layers) Megatron state dict; unknown names are refused.
+    ``padded_vocab_size``: the embedding and output rows the model has (zero rows added; None: the HF vocabulary)."""
     check_supported(hf_config)
-    out: dict[str, torch.Tensor] = {"embedding.word_embeddings.weight": hf_state["model.embed_tokens.weight"]}
+    rows = padded_vocab_size or hf_config.vocab_size
+    out: dict[str, torch.Tensor] = {
+        "embedding.word_embeddings.weight": _pad_rows(hf_state["model.embed_tokens.weight"], rows)
+    }
     out["decoder.final_layernorm.weight"] = hf_state["model.norm.weight"]
     if not _tied(hf_config):
-        out["output_layer.weight"] = hf_state["lm_head.weight"]
+        out["output_layer.weight"] = _pad_rows(hf_state["lm_head.weight"], rows)
     known = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}
     for layer in range(hf_config.num_hidden_layers):
         prefix = f"model.layers.{layer}."
@@ -96,10 +115,13 @@ def hf_to_megatron(hf_state: Mapping[str, torch.Tensor], hf_config) -> dict[str,
 
 
 def megatron_to_hf(megatron_state: Mapping[str, torch.Tensor], hf_config) -> dict[str, torch.Tensor]:
-    """The full Megatron state dict -> HF names and layouts (``save_pretrained``'s keys; tied: no ``lm_head``)."""
+    """The full Megatron state dict -> HF names and layouts (``save_pretrained``'s keys; tied: no ``lm_head``; the
+    vocabulary's padding rows dropped)."""
     inverse = {megatron_name: hf_name for hf_name, megatron_name in _LAYER_DIRECT.items()}
     out: dict[str, torch.Tensor] = {}
     for name, tensor in megatron_state.items():
+        if name in _VOCAB_ROWS:
+            tensor = tensor[: hf_config.vocab_size]
         if name == "embedding.word_embeddings.weight":
             out["model.embed_tokens.weight"] = tensor
         elif name == "decoder.final_layernorm.weight":

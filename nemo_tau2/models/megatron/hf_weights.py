@@ -50,7 +50,7 @@ def _local_names(model: Any) -> dict[str, torch.nn.Parameter]:
 def load_hf_state(model: Any, hf_state: dict[str, torch.Tensor], hf_config: Any) -> None:
     """Copy this rank's slice of the HF weights into ``model`` (one pipeline stage); every parameter must be set."""
     tp_rank, tp_size = _parallel_position()
-    full = hf_to_megatron(hf_state, hf_config)
+    full = hf_to_megatron(hf_state, hf_config, padded_vocab_size=model.vocab_size)
     tied = bool(getattr(hf_config, "tie_word_embeddings", False))
     if tied and model.post_process and not model.pre_process:  # the last stage's copy of the shared embedding
         full["output_layer.weight"] = full["embedding.word_embeddings.weight"]

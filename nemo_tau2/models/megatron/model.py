@@ -93,9 +93,19 @@ def transformer_config(
 
 
 def build_gpt_model(
-    hf_config: Any, config: Any, *, pre_process: bool = True, post_process: bool = True, parallel_output: bool = False
+    hf_config: Any,
+    config: Any,
+    *,
+    pre_process: bool = True,
+    post_process: bool = True,
+    parallel_output: bool = False,
+    padded_vocab_size: int | None = None,
 ) -> Any:
     """The ``GPTModel`` of one pipeline stage (``pre_process``: holds the embedding; ``post_process``: the head).
+
+    ``padded_vocab_size`` (``MegatronConfig.padded_vocab_size``): the embedding and output rows, the HF vocabulary's
+    plus zero rows that let tensor parallelism split them; the logits of those rows are not the model's to use
+    (:func:`hf_vocab_logits`). None: exactly the HF vocabulary.
 
     ``parallel_output=False`` gathers the vocabulary slices of the logits over the tensor-parallel ranks, so every
     rank sees whole-vocabulary logits (what the token log-softmax needs).
@@ -107,7 +117,7 @@ def build_gpt_model(
     return GPTModel(
         config,
         spec,
-        vocab_size=hf_config.vocab_size,
+        vocab_size=padded_vocab_size or hf_config.vocab_size,
         max_sequence_length=hf_config.max_position_embeddings,
         pre_process=pre_process,
         post_process=post_process,
@@ -122,3 +132,9 @@ def layer_offset(model: Any) -> int:
     """The global index of this stage's first transformer layer (``layer_number`` is 1-based and global)."""
     layers = model.decoder.layers
     return layers[0].layer_number - 1 if len(layers) else 0
+
+
+def hf_vocab_logits(logits: torch.Tensor, hf_config: Any) -> torch.Tensor:
+    """The logits of the HF vocabulary only: the padding rows' entries (logit 0 from zero rows, or whatever training
+    would make of them) must not take part in a softmax, so every logprob, loss and entropy reads this view."""
+    return logits[..., : hf_config.vocab_size]

@@ -9,6 +9,9 @@ schedule's ``finalize_model_grads_func`` is given no token count, so nothing res
 are handled here: without ``config.finalize_model_grads_func`` / ``no_sync_func`` data-parallel gradients are never
 reduced, and Megatron DDP writes ``param.main_grad`` (its optimizer reads that, a plain torch one would not).
 
+The model's vocabulary may be padded for tensor parallelism (``make_vocab_size_divisible_by``): every logprob, loss
+and entropy reads the HF vocabulary's logits only (:func:`~nemo_tau2.models.megatron.model.hf_vocab_logits`).
+
 Every micro-batch of a step is padded to the same ``[B, T]`` (pipeline stages exchange fixed-shape activations):
 padding rows carry no loss (``sample_mask`` 0).
 
@@ -31,6 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nemo_tau2.models.megatron.model import hf_vocab_logits
 from nemo_tau2.models.policy.config import PolicyConfig
 from nemo_tau2.models.policy.data import PackedRow, TrainingBatch, next_token_entropy, token_logprobs
 from nemo_tau2.models.policy.interfaces import LossFunction
@@ -83,6 +87,7 @@ def build_stack(cfg: PolicyConfig, hf_folder: str) -> MegatronStack:
         config,
         pre_process=parallel_state.is_pipeline_first_stage(),
         post_process=parallel_state.is_pipeline_last_stage(),
+        padded_vocab_size=mcfg.padded_vocab_size(hf_config.vocab_size),
     )
     load_hf_state(model, read_hf_state(hf_folder), hf_config)
     ddp = mcfg.distributed_data_parallel_config
@@ -248,7 +253,7 @@ def get_logprobs(stack: MegatronStack, batches: list[TrainingBatch], pad_token_i
     padded = same_shape(batches, pad_token_id)
 
     def loss_of(batch: TrainingBatch, logits: torch.Tensor) -> tuple:
-        logprobs = _frame_logprobs(logits, batch)
+        logprobs = _frame_logprobs(hf_vocab_logits(logits, stack.hf_config), batch)
         return logprobs.sum() * 0.0, torch.tensor(1), {"logprobs": logprobs}
 
     outputs = _from_last_stage(_run_schedule(stack, padded, loss_of, forward_only=True))
@@ -278,6 +283,7 @@ def train_global_batch(
     padded = same_shape(batches, pad_token_id)
 
     def loss_of(batch: TrainingBatch, logits: torch.Tensor) -> tuple:
+        logits = hf_vocab_logits(logits, stack.hf_config)
         loss, metrics = loss_fn(
             curr_logprobs=_frame_logprobs(logits, batch),
             **batch.loss_inputs(),

@@ -1,13 +1,13 @@
 """``policy.megatron_cfg``: the megatron-core backend (tensor and pipeline parallelism), NeMo-RL's key names.
 
 Kept with NeMo-RL's meaning: ``enabled``, ``tensor_model_parallel_size``, ``pipeline_model_parallel_size``,
-``context_parallel_size`` (only 1), ``sequence_parallel``, ``activation_checkpointing``, ``optimizer`` {``optimizer``,
-``lr``, ``min_lr``, ``weight_decay``, ``adam_beta1``, ``adam_beta2``, ``adam_eps``, ``sgd_momentum``,
-``use_distributed_optimizer``}, ``scheduler`` {``lr_decay_style``, ``lr_decay_iters``, ``lr_warmup_iters``,
-``lr_warmup_init``} and ``distributed_data_parallel_config`` {``grad_reduce_in_fp32``, ``overlap_grad_reduce``,
-``overlap_param_gather``}. What NeMo-RL sets twice is read from the policy once: ``clip_grad`` is
-``policy.max_grad_norm``, ``bf16`` / ``params_dtype`` / ``pipeline_dtype`` follow ``policy.precision``. Data
-parallelism is what the ranks leave: ``policy.num_workers / (TP x PP)``.
+``context_parallel_size`` (only 1), ``sequence_parallel``, ``activation_checkpointing``,
+``make_vocab_size_divisible_by``, ``optimizer`` {``optimizer``, ``lr``, ``min_lr``, ``weight_decay``, ``adam_beta1``,
+``adam_beta2``, ``adam_eps``, ``sgd_momentum``, ``use_distributed_optimizer``}, ``scheduler`` {``lr_decay_style``,
+``lr_decay_iters``, ``lr_warmup_iters``, ``lr_warmup_init``} and ``distributed_data_parallel_config``
+{``grad_reduce_in_fp32``, ``overlap_grad_reduce``, ``overlap_param_gather``}. What NeMo-RL sets twice is read from
+the policy once: ``clip_grad`` is ``policy.max_grad_norm``, ``bf16`` / ``params_dtype`` / ``pipeline_dtype`` follow
+``policy.precision``. Data parallelism is what the ranks leave: ``policy.num_workers / (TP x PP)``.
 """
 
 from typing import Any, Literal
@@ -82,6 +82,12 @@ class MegatronConfig(_Strict):
     activation_checkpointing: bool = Field(
         default=False, description="Recompute each transformer layer's activations in the backward pass."
     )
+    make_vocab_size_divisible_by: int = Field(
+        default=128,
+        ge=1,
+        description="The embedding and output layer get zero rows up to a multiple of this x TP (as Megatron pads, "
+        "so any vocabulary splits over the TP ranks); the HF export drops them and the logprobs never see them.",
+    )
     optimizer: MegatronOptimizerConfig = Field(default_factory=MegatronOptimizerConfig)
     scheduler: MegatronSchedulerConfig = Field(default_factory=MegatronSchedulerConfig)
     distributed_data_parallel_config: MegatronDDPConfig = Field(default_factory=MegatronDDPConfig)
@@ -103,6 +109,11 @@ class MegatronConfig(_Strict):
     @property
     def model_parallel_size(self) -> int:
         return self.tensor_model_parallel_size * self.pipeline_model_parallel_size
+
+    def padded_vocab_size(self, vocab_size: int) -> int:
+        """``vocab_size`` rounded up to a multiple of ``make_vocab_size_divisible_by x TP`` (Megatron's rule)."""
+        multiple = self.make_vocab_size_divisible_by * self.tensor_model_parallel_size
+        return -(-vocab_size // multiple) * multiple
 
 
 def check_megatron_policy(megatron: MegatronConfig, *, dtensor_enabled: bool, device: str, num_workers: int,
@@ -131,13 +142,12 @@ def check_megatron_policy(megatron: MegatronConfig, *, dtensor_enabled: bool, de
 
 
 def check_megatron_architecture(megatron: MegatronConfig, hf_config: Any) -> None:
-    """TP must split the attention heads, the query groups, the MLP and the vocabulary; PP the layers."""
+    """TP must split the attention heads, the query groups and the MLP (the vocabulary is padded); PP the layers."""
     tp, pp = megatron.tensor_model_parallel_size, megatron.pipeline_model_parallel_size
     sizes = {
         "num_attention_heads": hf_config.num_attention_heads,
         "num_key_value_heads": hf_config.num_key_value_heads,
         "intermediate_size": hf_config.intermediate_size,
-        "vocab_size": hf_config.vocab_size,
     }
     for key, value in sizes.items():
         if value % tp:

@@ -1,9 +1,10 @@
 """The GRPO loop end to end on CPU: real Gym servers, the hf backend, the scripted fake user, a tiny policy.
 
 The policy is the warm-started tiny Llama of :mod:`nemo_tau2.algorithms.tiny_policy`; it picks the right first tool
-call about as often as a wrong one. GRPO must raise its mean reward (validation on 128 episodes) while the same run
-with the learning rate at zero does not; the log-probability margin of the right call over the wrong one is the exact
-read of the same change.
+call about as often as a wrong one. GRPO must raise its mean reward (validation on 128 episodes; the start's measured
+once for every learning test) with each training backend (torch, FSDP2, Megatron: in its resume test) and in async
+mode, while the same run with the learning rate at zero does not; the log-probability margin of the right call over
+the wrong one is the exact read of the same change.
 """
 
 import importlib.util
@@ -57,6 +58,23 @@ def tiny_policy(tmp_path_factory) -> Path:
     return build_tiny_policy(cfg.tiny_policy, train_rows, directory)
 
 
+EPISODES = "grpo.val_num_generations_per_prompt=64"  # 2 tasks x 64 validation episodes: a mean's noise is about 0.045
+
+
+@pytest.fixture(scope="module")
+def start_reward(tiny_policy, tmp_path_factory) -> float:
+    """The warm start's mean reward on the learning tests' 128 validation episodes, measured once (not once per
+    test): every learning run starts from these weights with the same hf generation config, whatever trains them."""
+    tmp = tmp_path_factory.mktemp("start")
+    cfg = _config(tmp, tiny_policy, EPISODES, "checkpointing.enabled=false")
+    train_rows, val_rows = grpo.load_rows(cfg)
+    s = grpo.setup(cfg, train_rows, val_rows)
+    try:
+        return grpo.validate(s, 0)["val/overall/mean_reward"]
+    finally:
+        s.close()
+
+
 @pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("grpo_*.yaml")))
 def test_shipped_grpo_configs_validate_and_keep_the_gym_rules(name):
     raw = load_config(CONFIGS / name)
@@ -79,12 +97,12 @@ def _check_validation_episodes_become_sft_rows(folder: Path, val_rows: list[dict
         assert ids == last["prompt_token_ids"] + last["generation_token_ids"]
 
 
-def _train_and_validate(tiny_policy: Path, tmp: Path, *overrides: str, steps: int = 8, before: bool = True) -> dict:
+def _train_and_validate(tiny_policy: Path, tmp: Path, *overrides: str, steps: int = 8) -> dict:
+    """``steps`` GRPO steps, then the mean reward on the validation episodes (the start's: ``start_reward``)."""
     cfg = _config(tmp, tiny_policy, f"grpo.max_num_steps={steps}", "checkpointing.enabled=false", *overrides)
     train_rows, val_rows = grpo.load_rows(cfg)
     s = grpo.setup(cfg, train_rows, val_rows)
     try:
-        start = grpo.validate(s, 0)["val/overall/mean_reward"] if before else None
         history = grpo.grpo_train(s)
         after = grpo.validate(s, steps)["val/overall/mean_reward"]
         trained = s.policy.save_hf_model(tmp / "trained")
@@ -94,24 +112,21 @@ def _train_and_validate(tiny_policy: Path, tmp: Path, *overrides: str, steps: in
     assert all(step["train/rollout/num_infrastructure_errors"] == 0 for step in history)
     _check_validation_episodes_become_sft_rows(tmp / "logs" / "validation" / f"step_{steps}", val_rows, cfg)
     margin = first_call_preference(trained, train_rows)
-    return {"before": start, "after": after, "margin": margin, "history": history}
+    return {"after": after, "margin": margin, "history": history}
 
 
-def test_grpo_raises_the_mean_reward_and_the_same_run_without_updates_does_not(tiny_policy, tmp_path):
+def test_grpo_raises_the_mean_reward_and_the_same_run_without_updates_does_not(tiny_policy, start_reward, tmp_path):
     cfg = _config(tmp_path, tiny_policy)
     train_rows, _ = grpo.load_rows(cfg)
     margin_before = first_call_preference(tiny_policy, train_rows)
-    episodes = "grpo.val_num_generations_per_prompt=64"  # 2 tasks x 64: a mean's noise is about 0.045
-    learned = _train_and_validate(tiny_policy, tmp_path / "learned", episodes)
+    learned = _train_and_validate(tiny_policy, tmp_path / "learned", EPISODES)
     # the control: the same loop without updates (2 steps: its weights are checked bit for bit below, so more steps
     # would only sample the start's rate again, at CI's expense)
-    frozen = _train_and_validate(
-        tiny_policy, tmp_path / "frozen", episodes, "policy.optimizer.kwargs.lr=0.0", steps=2, before=False
-    )
+    frozen = _train_and_validate(tiny_policy, tmp_path / "frozen", EPISODES, "policy.optimizer.kwargs.lr=0.0", steps=2)
 
     # measured: 0.50-0.63 -> 0.83-0.97 mean reward in 8 steps with updates, 0.50 -> 0.53 without (the start varies
     # from run to run: continuous batching changes the numerics, hence the samples)
-    assert learned["after"] > learned["before"] + 0.15, learned
+    assert learned["after"] > start_reward + 0.15, (start_reward, learned)
     assert learned["after"] > frozen["after"] + 0.15, (learned, frozen)
     # the exact read of the same thing: the right call's log-probability margin over the wrong one
     assert abs(margin_before) < 1.0, f"the warm start should leave the two calls near even, margin {margin_before:.2f}"
@@ -119,21 +134,19 @@ def test_grpo_raises_the_mean_reward_and_the_same_run_without_updates_does_not(t
     assert frozen["margin"] == pytest.approx(margin_before, abs=1e-5), (margin_before, frozen)
 
 
-def test_grpo_with_fsdp2_on_two_ranks_raises_the_mean_reward(tiny_policy, tmp_path):
+def test_grpo_with_fsdp2_on_two_ranks_raises_the_mean_reward(tiny_policy, start_reward, tmp_path):
     """The same learning run with the trainer sharded over 2 gloo ranks (Ray actors; rank 1 builds the model empty
     and receives its shards from rank 0) and the weights gathered from the shards into the hf engine each step."""
-    cfg = _config(tmp_path, tiny_policy)
-    train_rows, _ = grpo.load_rows(cfg)
+    train_rows, _ = grpo.load_rows(_config(tmp_path, tiny_policy))
     margin_before = first_call_preference(tiny_policy, train_rows)
     sharded = _train_and_validate(
-        tiny_policy, tmp_path, "grpo.val_num_generations_per_prompt=64", "policy.num_workers=2",
-        "policy.dtensor_cfg.enabled=true",
-    )  # fmt: skip
-    assert sharded["after"] > sharded["before"] + 0.15, sharded
-    assert sharded["margin"] > margin_before + 1.5, (margin_before, sharded)
+        tiny_policy, tmp_path, EPISODES, "policy.num_workers=2", "policy.dtensor_cfg.enabled=true"
+    )
+    assert sharded["after"] > start_reward + 0.15, (start_reward, sharded | {"history": None})
+    assert sharded["margin"] > margin_before + 1.5, (margin_before, sharded["margin"])
 
 
-def test_async_grpo_with_max_age_1_raises_the_mean_reward(tiny_policy, tmp_path):
+def test_async_grpo_with_max_age_1_raises_the_mean_reward(tiny_policy, start_reward, tmp_path):
     """The same learning run with async GRPO: the hf engine in its own process generates the next step's groups
     while the trainer trains, each group trained at most one step after the weights that generated it (the
     importance correction weighs the stale tokens)."""
@@ -142,7 +155,7 @@ def test_async_grpo_with_max_age_1_raises_the_mean_reward(tiny_policy, tmp_path)
     # measured: 0.56 -> 0.77 mean reward (32 episodes a task) in 8 steps, margin 0.3 -> 7.5; the groups one step
     # stale learn a little slower than the sync run's, hence 10 steps
     run = _train_and_validate(
-        tiny_policy, tmp_path, "grpo.val_num_generations_per_prompt=64", "policy.generation.hf_cfg.in_process=false",
+        tiny_policy, tmp_path, EPISODES, "policy.generation.hf_cfg.in_process=false",
         "+grpo.async_grpo.enabled=true", "+grpo.async_grpo.max_trajectory_age_steps=1",
         "checkpointing.enabled=true", "checkpointing.save_period=5", steps=10,
     )  # fmt: skip
@@ -170,29 +183,29 @@ def test_async_grpo_with_max_age_1_raises_the_mean_reward(tiny_policy, tmp_path)
         s.close()
     assert sorted(group.draw.draw_id for group in resumed) == sorted(pending)[:2]
     assert all(group.weight_version == 5 for group in resumed)
-    assert run["after"] > run["before"] + 0.15, run | {"history": None}
+    assert run["after"] > start_reward + 0.15, (start_reward, run | {"history": None})
     assert run["margin"] > margin_before + 1.5, (margin_before, run["margin"])
 
 
-def test_async_grpo_with_in_flight_updates_and_max_age_2_raises_the_mean_reward(tiny_policy, tmp_path):
+def test_async_grpo_with_in_flight_updates_and_max_age_2_raises_the_mean_reward(tiny_policy, start_reward, tmp_path):
     """Async GRPO with in-flight weight updates: each step's new weights reach episodes still running, whose later
     turns report the new version; groups train up to two steps after their oldest turn's weights."""
     train_rows, _ = grpo.load_rows(_config(tmp_path, tiny_policy))
     margin_before = first_call_preference(tiny_policy, train_rows)
     run = _train_and_validate(
-        tiny_policy, tmp_path, "grpo.val_num_generations_per_prompt=64", "policy.generation.hf_cfg.in_process=false",
+        tiny_policy, tmp_path, EPISODES, "policy.generation.hf_cfg.in_process=false",
         "+grpo.async_grpo.enabled=true", "+grpo.async_grpo.max_trajectory_age_steps=2",
         "+grpo.async_grpo.in_flight_weight_updates=true", steps=10,
     )  # fmt: skip
     history = run["history"]
     assert max(step["train/async/trajectory_age_max"] for step in history) <= 2
     assert sum(step["train/async/groups_spanning_weight_updates"] for step in history) > 0, history
-    assert run["after"] > run["before"] + 0.15, run | {"history": None}
+    assert run["after"] > start_reward + 0.15, (start_reward, run | {"history": None})
     assert run["margin"] > margin_before + 1.5, (margin_before, run["margin"])
 
 
 def _check_weights_served_after_each_step(history: list[dict]) -> None:
-    assert [step["train/num_optimizer_steps"] for step in history] == [1.0, 1.0]
+    assert [step["train/num_optimizer_steps"] for step in history] == [1.0] * len(history)
     assert history[0]["train/grad_norm"] > 0  # the first step moved the weights the second step samples with
     for step in history:
         assert step["train/rollout/num_infrastructure_errors"] == 0
@@ -208,42 +221,54 @@ MEGATRON = pytest.param(
 
 
 @pytest.mark.parametrize("backend", ["torch", MEGATRON])
-def test_a_rerun_resumes_from_the_latest_checkpoint_with_its_weights(tiny_policy, tmp_path, backend):
-    """With either training backend. The Megatron one (one Ray actor rank, megatron-core in CPU mode on gloo) also
-    shows its weights reach the hf engine after each step (HF export): what it samples at step 2 has the trainer's
-    logprobs (measured max |diff| 1.5e-6; one unsynced step moves them by far more than 1e-4)."""
-    backend_keys = ["policy.megatron_cfg.enabled=true"] if backend == "megatron" else []
-    first = _config(tmp_path, tiny_policy, "grpo.max_num_steps=2", "checkpointing.save_period=1", *backend_keys)
-    train_rows, _ = grpo.load_rows(first)
-    s = grpo.setup(first, train_rows, [])
+def test_a_rerun_resumes_from_the_latest_checkpoint_with_its_weights(tiny_policy, tmp_path, backend, request):
+    """With either training backend. The Megatron one (one Ray actor rank, megatron-core in CPU mode on gloo) is
+    also the Megatron learning run: 8 steps (not 2) of the learning tests' run with its own optimizer
+    (``megatron_cfg.optimizer``, the same lr) raise the mean reward and the right call's margin as the torch run must
+    (folded in here: one Megatron start instead of two); and its weights reach the hf engine after each step (HF
+    export): what it samples has the trainer's logprobs (measured max |diff| <= 1.0e-5 a step; one unsynced step moves
+    them by far more than 1e-4)."""
+    megatron = backend == "megatron"
+    steps, save_period = (8, 4) if megatron else (2, 1)
+    keys = [EPISODES, f"checkpointing.save_period={save_period}"] + (["policy.megatron_cfg.enabled=true"] * megatron)
+    first = _config(tmp_path, tiny_policy, f"grpo.max_num_steps={steps}", *keys)
+    train_rows, val_rows = grpo.load_rows(first)
+    s = grpo.setup(first, train_rows, val_rows)
     try:
         history = grpo.grpo_train(s)
-        if backend == "megatron":
+        if megatron:
             _check_weights_served_after_each_step(history)
-        weights_at_2 = {name: t.clone() for name, t in s.policy.state_dict_for_generation().items()}
-        curriculum_at_2 = s.curriculum.state_dict()
-        groups, _, _ = grpo.generate(s, 2)
-        step_3_batch, _ = grpo.training_sequences(s, groups)
-        uninterrupted = grpo.train(s, step_3_batch, 2)
+            learned = grpo.validate(s, steps)["val/overall/mean_reward"]
+            trained = s.policy.save_hf_model(tmp_path / "trained")
+        weights_at_n = {name: t.clone() for name, t in s.policy.state_dict_for_generation().items()}
+        curriculum_at_n = s.curriculum.state_dict()
+        groups, _, _ = grpo.generate(s, steps)
+        next_batch, _ = grpo.training_sequences(s, groups)
+        uninterrupted = grpo.train(s, next_batch, steps)
         uninterrupted_weights = s.policy.state_dict_for_generation()
     finally:
         s.close()
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith("step_")) == [
-        "step_1",
-        "step_2",
+        f"step_{steps - save_period}",
+        f"step_{steps}",
     ]
+    if megatron:
+        start_reward = request.getfixturevalue("start_reward")
+        assert learned > start_reward + 0.15, (start_reward, learned)
+        margin_before = first_call_preference(tiny_policy, train_rows)
+        assert first_call_preference(trained, train_rows) > margin_before + 1.5, margin_before
 
-    resumed = _config(tmp_path, tiny_policy, "grpo.max_num_steps=3", "checkpointing.save_period=1", *backend_keys)
+    resumed = _config(tmp_path, tiny_policy, f"grpo.max_num_steps={steps + 1}", *keys)
     s = grpo.setup(resumed, train_rows, [])
     try:
-        assert s.start_step == 2
-        assert s.curriculum.state_dict() == curriculum_at_2
+        assert s.start_step == steps
+        assert s.curriculum.state_dict() == curriculum_at_n
         restored = s.policy.state_dict_for_generation()
-        assert all(torch.equal(restored[name], weights_at_2[name]) for name in weights_at_2)
+        assert all(torch.equal(restored[name], weights_at_n[name]) for name in weights_at_n)
         served = s.generation.engine.model.state_dict()
-        assert all(torch.equal(served[name], weights_at_2[name]) for name in weights_at_2)
+        assert all(torch.equal(served[name], weights_at_n[name]) for name in weights_at_n)
         # the optimizer state came back too: the same batch gives the same loss and the same update
-        resumed_metrics = grpo.train(s, step_3_batch, 2)
+        resumed_metrics = grpo.train(s, next_batch, steps)
         assert resumed_metrics["train/loss"] == uninterrupted["train/loss"]
         after = s.policy.state_dict_for_generation()
         assert all(torch.equal(after[name], uninterrupted_weights[name]) for name in after)

@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM
 
 from nemo_tau2.models.megatron import conversion
 from nemo_tau2.models.megatron.hf_weights import full_hf_state, load_hf_state, read_hf_state, save_hf_folder
-from nemo_tau2.models.megatron.model import build_gpt_model, transformer_config
+from nemo_tau2.models.megatron.model import build_gpt_model, hf_vocab_logits, transformer_config
 from nemo_tau2.models.megatron.parallel import destroy_megatron, initialize_megatron
 from tests.unit.models.megatron.scenarios import tiny_hf_model
 
@@ -127,7 +127,7 @@ def training(tmp: Path, tp: int = 1, pp: int = 1, with_plain_reference: bool = F
     from tests.unit.models.policy.conftest import make_sequences
 
     tokenizer = build_tiny_tokenizer()
-    hf_model, _ = tiny_hf_model("qwen3", vocab_size=-(-len(tokenizer) // 8) * 8)  # TP must split the vocabulary
+    hf_model, _ = tiny_hf_model("qwen3", vocab_size=len(tokenizer))  # 591: padded to 640 (TP=1) or 768 (TP=2)
     if dist.get_rank() == 0:
         hf_model.save_pretrained(tmp / "hf")
         tokenizer.save_pretrained(tmp / "hf")
@@ -158,9 +158,11 @@ def training(tmp: Path, tp: int = 1, pp: int = 1, with_plain_reference: bool = F
     # the trained weights leave as an HF folder (rank 0 writes it): transformers' logits of it, and Megatron's own
     exported = save_hf_folder(stack.model.module, stack.hf_config, tmp / "export")
     ids, positions = _tokens()
-    ids = ids * 5  # spread over the 592-token vocabulary
+    ids = ids * 5  # spread over the 591-token vocabulary
     if dp_size == dist.get_world_size():  # one whole model per rank: its own logits are comparable
-        result["megatron_logits"] = _megatron_logits(stack.model.module, ids, positions)
+        result["megatron_logits"] = hf_vocab_logits(
+            _megatron_logits(stack.model.module, ids, positions), stack.hf_config
+        )
     if exported is not None:
         reloaded = AutoModelForCausalLM.from_pretrained(exported, dtype=torch.float32, attn_implementation="eager")
         with torch.no_grad():
@@ -233,7 +235,7 @@ def checkpoint_resume(tmp: Path, distributed_optimizer: bool = True) -> dict:
     from tests.unit.models.policy.conftest import make_sequences
 
     tokenizer = build_tiny_tokenizer()
-    hf_model, _ = tiny_hf_model("qwen3", vocab_size=-(-len(tokenizer) // 8) * 8)
+    hf_model, _ = tiny_hf_model("qwen3", vocab_size=len(tokenizer))
     if dist.get_rank() == 0:
         hf_model.save_pretrained(tmp / "hf")
         tokenizer.save_pretrained(tmp / "hf")

@@ -68,3 +68,27 @@ def test_tensor_parallel_logits_equal_transformers(two_processes):
     result = two_processes["conversion_tp2"]
     assert result["logits_max_abs_diff"] < LOGITS_TOLERANCE, result
     assert result["export_max_abs_diff"] == 0.0
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "llama"])
+def test_a_padded_vocabulary_converts_with_zero_rows_and_exports_without_them(model_type):
+    """Megatron pads the embedding and output rows so TP splits any vocabulary (here 591 -> 768 for TP=2 at the
+    default 128): the padding is zeros in, dropped out, so the HF export is exactly the HF state."""
+    from nemo_tau2.models.megatron.conversion import hf_to_megatron, megatron_to_hf, tp_merge, tp_shard
+    from nemo_tau2.models.policy.megatron_config import MegatronConfig
+    from tests.unit.models.megatron.scenarios import tiny_hf_model
+
+    model, config = tiny_hf_model(model_type, vocab_size=591)
+    padded = MegatronConfig(tensor_model_parallel_size=2).padded_vocab_size(591)
+    full = hf_to_megatron(model.state_dict(), config, padded_vocab_size=padded)
+    heads = ["embedding.word_embeddings.weight"] + ([] if model_type == "qwen3" else ["output_layer.weight"])
+    for name in heads:
+        assert full[name].shape[0] == 768 and not full[name][591:].any(), name
+        shards = [tp_shard(name, full[name], rank, 2) for rank in range(2)]
+        assert [shard.shape[0] for shard in shards] == [384, 384] and torch.equal(tp_merge(name, shards), full[name])
+    state = dict(model.state_dict())
+    if config.tie_word_embeddings:  # save_pretrained's keys: no lm_head
+        del state["lm_head.weight"]
+    back = megatron_to_hf(full, config)
+    assert sorted(back) == sorted(state)
+    assert all(torch.equal(back[name], state[name]) for name in state)

@@ -1,9 +1,10 @@
 """``Policy`` with ``policy.megatron_cfg.enabled``: the Megatron worker (one Ray actor, gloo, CPU mode, sequence
 packing on) behind the interface the GRPO loop uses gives the torch Policy's (padded) logprobs, loss trajectory and
 metrics on the tiny Llama (tied head, 591-token vocabulary), keeps the initial weights as its reference model, and
-exports weights (stream and HF folder) that transformers loads with the trained logits. A DP=2 Policy (padded rows)
-gives the same; its checkpoint resumes in fresh actors with the uninterrupted run's losses and weights; a checkpoint
-of the other backend is refused in one line.
+exports weights (stream and HF folder) that transformers loads with the trained logits. DP=2 (padded rows), TP=2
+(the vocabulary padded to 768) and PP=2 on 2 actors give the 1-rank logprobs, trajectory and export. A DP=2
+checkpoint resumes in fresh actors with the uninterrupted run's losses and weights; a checkpoint of the other
+backend is refused in one line.
 
 One Ray start for the module: the fixture runs the whole exchange once and the tests read its results.
 """
@@ -31,10 +32,11 @@ LOGPROB_TOLERANCE = 1e-5  # fp32; Megatron's attention and HF's eager attention 
 LOSS_TOLERANCE = 1e-5  # per step, on losses of order 0.1
 LOGITS_TOLERANCE = 1e-4  # the exported weights vs the torch Policy's after 2 steps at lr 1e-3 (fp32)
 TRAIN_STEPS = 2
+SPLITS = {"tp2": {"tensor_model_parallel_size": 2}, "pp2": {"pipeline_model_parallel_size": 2}}
 NO_KL = ClippedPGLossFn(ClippedPGLossConfig(reference_policy_kl_penalty=0.0))
 
 
-def _config(megatron: bool, num_workers: int = 1, packed: bool = False) -> PolicyConfig:
+def _config(megatron: bool, num_workers: int = 1, packed: bool = False, **parallel: int) -> PolicyConfig:
     fields = {
         "num_workers": num_workers,
         "model_name": "tiny",
@@ -46,7 +48,8 @@ def _config(megatron: bool, num_workers: int = 1, packed: bool = False) -> Polic
         "sequence_packing": {"enabled": packed},
     }
     if megatron:
-        fields["megatron_cfg"] = {"enabled": True, "optimizer": {"lr": 1e-3, "min_lr": 0.0, "weight_decay": 0.0}}
+        fields["megatron_cfg"] = {"enabled": True, "optimizer": {"lr": 1e-3, "min_lr": 0.0, "weight_decay": 0.0},
+                                  **parallel}  # fmt: skip
     return PolicyConfig(**fields)
 
 
@@ -99,6 +102,11 @@ def runs(tmp_path_factory) -> dict:
             data_parallel = _exchange(dp2, tmp_path_factory.mktemp("dp2"))
             saved = dp2.save_checkpoint(step_dir(tmp_path_factory.mktemp("dp2_ckpt"), 2), {"step": 2, "pos": 8})
             uninterrupted = _two_more_steps(dp2)
+        splits = {}  # TP=2 (the 591-token vocabulary padded to 768) and PP=2 (one layer per stage), DP=1
+        for name, sizes in SPLITS.items():
+            with Policy(_config(True, num_workers=2, **sizes), model=copy.deepcopy(tiny.model),
+                        tokenizer=tiny.tokenizer) as split:  # fmt: skip
+                splits[name] = _exchange(split, tmp_path_factory.mktemp(name))
         # fresh actors (fresh processes) from the initial weights, as a resumed run builds them
         with Policy(_config(True, num_workers=2), model=copy.deepcopy(tiny.model), tokenizer=tiny.tokenizer) as again:
             trainer_state = again.load_checkpoint(saved)
@@ -109,7 +117,7 @@ def runs(tmp_path_factory) -> dict:
     files = sorted(str(path.relative_to(saved)) for path in saved.rglob("*"))
     return {"torch": plain, "megatron": megatron, "dp2": data_parallel, "tokenizer": tiny.tokenizer,
             "uninterrupted": uninterrupted, "resumed": resumed, "trainer_state": trainer_state, "checkpoint": files,
-            "refusals": refusals}  # fmt: skip
+            "refusals": refusals, **splits}  # fmt: skip
 
 
 def _max_diff(rows_a: list[list[float]], rows_b: list[list[float]]) -> float:
@@ -163,6 +171,28 @@ def test_two_data_parallel_ranks_give_the_single_rank_logprobs_and_trajectory(ru
         assert got["loss"] == pytest.approx(expected["loss"], abs=LOSS_TOLERANCE)
         assert got["num_valid_tokens"] == expected["num_valid_tokens"]  # each rank's metrics counted once
         assert got["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-5)
+
+
+@pytest.mark.parametrize("split", sorted(SPLITS))
+def test_tensor_and_pipeline_parallel_policies_give_the_single_rank_logprobs_trajectory_and_export(runs, split):
+    """2 Ray actors as TP=2 or PP=2: the 1-rank Megatron Policy's (and the torch Policy's) logprobs before and after
+    2 steps, losses, grad norms and entropy; the exported HF folder has exactly the HF shapes (the padded vocabulary
+    rows dropped) and the 1-rank export's weights."""
+    got, single, plain = runs[split], runs["megatron"], runs["torch"]
+    for reference in (single, plain):
+        assert _max_diff(got["logprobs"], reference["logprobs"]) < LOGPROB_TOLERANCE
+        assert _max_diff(got["after"], reference["after"]) < LOGPROB_TOLERANCE
+        for mine, theirs in zip(got["metrics"], reference["metrics"], strict=True):
+            assert mine["loss"] == pytest.approx(theirs["loss"], abs=LOSS_TOLERANCE)
+            for key in ("grad_norm", "entropy", "num_valid_tokens"):
+                assert mine[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-7), key
+    exported = AutoModelForCausalLM.from_pretrained(got["export"], dtype=torch.float32, local_files_only=True)
+    expected = AutoModelForCausalLM.from_pretrained(single["export"], dtype=torch.float32, local_files_only=True)
+    want = expected.state_dict()
+    assert sorted(got["stream"]) == sorted(want)
+    for name, tensor in exported.state_dict().items():
+        assert tensor.shape == want[name].shape and torch.equal(tensor, got["stream"][name]), name
+        assert (tensor - want[name]).abs().max().item() < 1e-5, name
 
 
 def test_a_dp2_checkpoint_resumes_in_fresh_actors_with_the_uninterrupted_losses_and_weights(runs):

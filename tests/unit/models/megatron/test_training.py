@@ -1,8 +1,9 @@
 """The Megatron backend's training step on CPU gloo: the same logprobs, losses and gradient norms as the torch Policy
-on the same tiny Qwen3 and episodes (clipped PG loss, global normalisers, AdamW, clipping at 1.0), and the same loss
-trajectory and trained weights with the work split over 2 processes: DP=2 (Megatron DDP + distributed optimizer),
-TP=2, PP=2; the trained weights exported as an HF folder load in transformers with Megatron's logits. With sequence
-packing (one packed row per micro-batch, block-diagonal causal mask) the same logprobs and trajectory, also at PP=2.
+on the same tiny Qwen3 (591-token vocabulary, padded to 640 rows, 768 at TP=2) and episodes (clipped PG loss, global
+normalisers, AdamW, clipping at 1.0), and the same loss trajectory and trained weights with the work split over 2
+processes: DP=2 (Megatron DDP + distributed optimizer), TP=2, PP=2; the trained weights exported as an HF folder load
+in transformers with Megatron's logits. With sequence packing (one packed row per micro-batch, block-diagonal causal
+mask) the same logprobs and trajectory, also at PP=2.
 
 The scenarios share two spawned process groups (see ``conftest``); 3 optimizer steps each. A distributed checkpoint
 saved after 2 steps resumes the uninterrupted trajectory.

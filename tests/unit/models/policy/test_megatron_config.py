@@ -102,3 +102,21 @@ def test_a_valid_megatron_split_of_a_shipped_model_is_accepted():
 def test_sequence_packing_is_accepted_with_megatron():
     cfg = policy_config(**megatron(pipeline_model_parallel_size=2), num_workers=2, sequence_packing={"enabled": True})
     assert cfg.sequence_packing.enabled and cfg.megatron_cfg.enabled
+
+
+@pytest.mark.parametrize(("tp", "divisible_by", "padded"), [(1, 128, 640), (2, 128, 768), (2, 1, 592), (4, 64, 768)])
+def test_the_vocabulary_pads_to_a_multiple_of_make_vocab_size_divisible_by_times_tp(tp, divisible_by, padded):
+    from nemo_tau2.models.policy.megatron_config import MegatronConfig
+
+    cfg = MegatronConfig(tensor_model_parallel_size=tp, make_vocab_size_divisible_by=divisible_by)
+    assert cfg.padded_vocab_size(591) == padded
+
+
+def test_a_vocabulary_tp_does_not_divide_is_accepted_since_it_is_padded():
+    from transformers import LlamaConfig
+
+    from nemo_tau2.models.policy.megatron_config import MegatronConfig, check_megatron_architecture
+
+    tiny = LlamaConfig(vocab_size=591, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    check_megatron_architecture(MegatronConfig(tensor_model_parallel_size=2), tiny)  # 591 is odd: padded to 768
