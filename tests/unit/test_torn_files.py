@@ -141,10 +141,10 @@ def test_an_evaluation_resumed_over_a_torn_last_line_reruns_that_episode_and_los
     assert sum("set aside" in r.getMessage() for r in caplog.records) == 1
 
 
-def _policy(num_workers: int = 1, megatron: bool = False) -> PolicyConfig:
+def _policy(num_workers: int = 1, megatron: bool = False, megatron_cfg_extra: dict | None = None) -> PolicyConfig:
     return PolicyConfig(model_name="tiny", train_global_batch_size=2, train_micro_batch_size=1,
                         max_total_sequence_length=64, num_workers=num_workers,
-                        megatron_cfg={"enabled": megatron})  # fmt: skip
+                        megatron_cfg={"enabled": megatron, **(megatron_cfg_extra or {})})  # fmt: skip
 
 
 TORCH_POLICY = _policy()
@@ -182,7 +182,8 @@ def test_resume_never_picks_a_half_written_checkpoint_whatever_byte_its_trainer_
 
 def test_resume_stops_in_one_line_on_a_checkpoint_of_the_other_backend_or_another_megatron_layout(tmp_path):
     megatron = _policy(num_workers=2, megatron=True)
-    layout = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "data_parallel_size": 2}
+    layout = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "data_parallel_size": 2,
+              "make_vocab_size_divisible_by": 128}  # fmt: skip
     torch_root, megatron_root = tmp_path / "torch", tmp_path / "megatron"
     _checkpoint(torch_root, 1)
     newest = _checkpoint(megatron_root, 2, megatron_layout=layout)
@@ -196,4 +197,7 @@ def test_resume_stops_in_one_line_on_a_checkpoint_of_the_other_backend_or_anothe
         resumable_checkpoint(megatron_root, TORCH_POLICY, tau2_version="v0.2.1")
     with pytest.raises(ckpt.CheckpointMismatchError, match="data_parallel_size=2 .*, this run has .*parallel_size=1"):
         resumable_checkpoint(megatron_root, _policy(num_workers=1, megatron=True), tau2_version="v0.2.1")
+    padded_otherwise = _policy(num_workers=2, megatron=True, megatron_cfg_extra={"make_vocab_size_divisible_by": 64})
+    with pytest.raises(ckpt.CheckpointMismatchError, match="make_vocab_size_divisible_by=128 .*, this run has .*=64"):
+        resumable_checkpoint(megatron_root, padded_otherwise, tau2_version="v0.2.1")  # its embedding has other rows
     assert "\n" not in str(torch_into_megatron.value) + str(megatron_into_torch.value)

@@ -34,14 +34,16 @@ from nemo_tau2.models.policy.checkpoint import MEGATRON_LAYOUT_FILE
 _SHARDING = {"distrib_optim_sharding_type": "dp_reshardable"}
 
 
-def stack_layout() -> dict[str, int]:
-    """This process's megatron-core layout, as ``megatron_config.megatron_layout`` computes it from the config."""
+def stack_layout(stack: MegatronStack) -> dict[str, int]:
+    """This process's megatron-core layout and the vocabulary padding its shards were cut with, as
+    ``megatron_config.megatron_layout`` computes them from the config."""
     from megatron.core import parallel_state
 
     return {
         "tensor_model_parallel_size": parallel_state.get_tensor_model_parallel_world_size(),
         "pipeline_model_parallel_size": parallel_state.get_pipeline_model_parallel_world_size(),
         "data_parallel_size": parallel_state.get_data_parallel_world_size(),
+        "make_vocab_size_divisible_by": stack.make_vocab_size_divisible_by,
     }
 
 
@@ -65,7 +67,7 @@ def save_megatron_checkpoint(stack: MegatronStack, directory: str | Path) -> Pat
     dist.barrier()
     dist_checkpointing.save(_sharded_state(stack, is_loading=False), str(directory))
     if dist.get_rank() == 0:
-        (directory / MEGATRON_LAYOUT_FILE).write_text(json.dumps(stack_layout(), sort_keys=True))
+        (directory / MEGATRON_LAYOUT_FILE).write_text(json.dumps(stack_layout(stack), sort_keys=True))
     dist.barrier()
     return directory
 

@@ -49,6 +49,7 @@ class MegatronStack:
     model: Any  # DistributedDataParallel(GPTModel stage)
     optimizer: Any
     scheduler: Any
+    make_vocab_size_divisible_by: int  # with TP, what the embedding's rows were padded to (its checkpoints' shape)
 
 
 def _finalize_without_token_scaling(model_chunks: list, num_tokens: Any = None, **kwargs: Any) -> None:
@@ -132,7 +133,14 @@ def build_stack(cfg: PolicyConfig, hf_folder: str) -> MegatronStack:
         wd_incr_steps=1,
         wd_incr_style="constant",
     )
-    return MegatronStack(hf_config=hf_config, config=config, model=wrapped, optimizer=optimizer, scheduler=scheduler)
+    return MegatronStack(
+        hf_config=hf_config,
+        config=config,
+        model=wrapped,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        make_vocab_size_divisible_by=mcfg.make_vocab_size_divisible_by,
+    )
 
 
 def _pad_rows(batch: TrainingBatch, rows: int, pad_token_id: int) -> TrainingBatch:

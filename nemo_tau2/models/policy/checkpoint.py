@@ -182,8 +182,8 @@ def check_checkpoint_dir(directory: str | Path, megatron_layout: dict[str, int] 
         if written != megatron_layout:
             raise CheckpointMismatchError(
                 f"{str(path)!r} was written by Megatron ranks {_describe(written)}, this run has "
-                f"{_describe(megatron_layout)}: resume with the policy.megatron_cfg parallel sizes and "
-                "policy.num_workers that wrote it"
+                f"{_describe(megatron_layout)}: resume with the policy.megatron_cfg parallel sizes, "
+                "make_vocab_size_divisible_by and policy.num_workers that wrote it"
             )
     return path
 

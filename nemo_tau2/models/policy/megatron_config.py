@@ -163,11 +163,13 @@ def check_megatron_architecture(megatron: MegatronConfig, hf_config: Any) -> Non
 
 
 def megatron_layout(megatron: MegatronConfig, num_workers: int) -> dict[str, int] | None:
-    """The TP/PP/DP sizes a Megatron checkpoint records and must be loaded with (None: the torch backend)."""
+    """The TP/PP/DP sizes and the vocabulary padding (the embedding's shape) a Megatron checkpoint records and must
+    be loaded with (None: the torch backend)."""
     if not megatron.enabled:
         return None
     return {
         "tensor_model_parallel_size": megatron.tensor_model_parallel_size,
         "pipeline_model_parallel_size": megatron.pipeline_model_parallel_size,
         "data_parallel_size": num_workers // megatron.model_parallel_size,
+        "make_vocab_size_divisible_by": megatron.make_vocab_size_divisible_by,
     }
