@@ -91,6 +91,8 @@ def build_stack(cfg: PolicyConfig, hf_folder: str) -> MegatronStack:
         padded_vocab_size=mcfg.padded_vocab_size(hf_config.vocab_size),
     )
     load_hf_state(model, read_hf_state(hf_folder), hf_config)
+    if cfg.device == "cuda":  # built on the CPU (use_cpu_initialization); DDP's buffers are on the device
+        model.cuda(torch.cuda.current_device())
     ddp = mcfg.distributed_data_parallel_config
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=ddp.grad_reduce_in_fp32,
@@ -181,7 +183,7 @@ def _run_schedule(stack: MegatronStack, batches: list[TrainingBatch], loss_of: A
 
     first = batches[0].packed if batches[0].packed is not None else batches[0]
     rows, width = first.input_ids.shape  # packed: one row of N tokens
-    positions = torch.arange(width).expand(rows, width)
+    positions = torch.arange(width, device=first.input_ids.device).expand(rows, width)
 
     def forward_step(data_iterator: Any, model: Any) -> tuple[torch.Tensor, Any]:
         batch = next(data_iterator)
@@ -243,6 +245,12 @@ def same_shape(batches: list[TrainingBatch], pad_token_id: int) -> list[Training
     return out
 
 
+def _on_model_device(stack: MegatronStack, batches: list[TrainingBatch]) -> list[TrainingBatch]:
+    """``batches`` where this rank's stage is (collate builds them on the CPU; on GPUs the stage is on its device)."""
+    device = next(stack.model.parameters()).device
+    return batches if device.type == "cpu" else [batch.to(device) for batch in batches]
+
+
 def _from_last_stage(value: Any) -> Any:
     """The last pipeline stage's ``value`` on every stage of this pipeline."""
     from megatron.core import parallel_state
@@ -258,7 +266,7 @@ def _from_last_stage(value: Any) -> Any:
 def get_logprobs(stack: MegatronStack, batches: list[TrainingBatch], pad_token_id: int) -> list[list[float]]:
     """Per-token logprobs (token frame) of every sequence of ``batches``, in order, on every rank."""
     stack.model.eval()
-    padded = same_shape(batches, pad_token_id)
+    padded = _on_model_device(stack, same_shape(batches, pad_token_id))
 
     def loss_of(batch: TrainingBatch, logits: torch.Tensor) -> tuple:
         logprobs = _frame_logprobs(hf_vocab_logits(logits, stack.hf_config), batch)
@@ -288,7 +296,7 @@ def train_global_batch(
     stack.model.train()
     stack.model.zero_grad_buffer()
     stack.optimizer.zero_grad()
-    padded = same_shape(batches, pad_token_id)
+    padded = _on_model_device(stack, same_shape(batches, pad_token_id))
 
     def loss_of(batch: TrainingBatch, logits: torch.Tensor) -> tuple:
         logits = hf_vocab_logits(logits, stack.hf_config)
@@ -309,7 +317,7 @@ def train_global_batch(
     # every TP rank of the last stage holds the same loss; DP ranks hold parts; other stages add 0
     last_stage = parallel_state.is_pipeline_last_stage()
     local = sum(float(out["loss"]) for out in outputs) if last_stage else 0.0
-    total = torch.tensor([local], dtype=torch.float64)
+    total = torch.tensor([local], dtype=torch.float64, device=next(stack.model.parameters()).device)  # NCCL: on it
     dist.all_reduce(total)
     loss = total.item() / parallel_state.get_tensor_model_parallel_world_size()
     stack.model.eval()
