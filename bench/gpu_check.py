@@ -17,21 +17,23 @@ log-softmax 1,024 positions at a time, the reference model, ``get_logprobs`` + `
 - a shape whose plan cannot fit one device (16 bytes per parameter of fp32 weights, gradients and AdamW state) runs
   with fewer layers, the most that the plan fits (``layers`` of ``layers_full``): per-layer cost and MFU carry over;
 - **generation**: the hf engine (continuous batching, bf16, full depth) at 1, 8 and 32 concurrent requests: generated
-  tokens/s, a floor for the rollout side (vLLM cannot reach the kit's machine).
+  tokens/s, a floor for the rollout side (vLLM cannot reach the kit's machine);
+- **Megatron** (``--backends``; default ``torch,megatron``): the Megatron backend's step at the timed micro-batch from
+  the same initial weights, its logprobs against the torch path's (``megatron_*`` fields, ``gpu_check_megatron.py``).
 
 One JSON line per shape, then the summary (last line) with the memory plan's calibration: ``--write-calibration
-FILE`` stores it (see ``nemo_tau2/models/memory_calibration.py``). ``--dry-run`` runs the same path on CPU with a
-tiny Qwen3 shape (CI). Import closure: the trainer core only (torch, transformers, pydantic; no Ray, NeMo-Gym, tau2,
-vLLM, omegaconf or litellm), so it runs on a torch-only machine (README: "The GPU kit").
+FILE`` stores it (``nemo_tau2/models/memory_calibration.py``). ``--dry-run`` runs the same path on CPU in fp32, a
+tiny Qwen3 shape (CI). Import closure: the trainer core (torch, transformers, pydantic, megatron-core; no Ray,
+NeMo-Gym, tau2, vLLM, omegaconf or litellm), so it runs on a torch-only machine (README: "The GPU kit").
 
     python bench/gpu_check.py --dry-run
     python bench/gpu_check.py --shapes 0.6b,1.7b --out gpu_check.jsonl --write-calibration calibration.json
 """
 
 import argparse
-import asyncio
 import contextlib
 import datetime
+import functools
 import gc
 import json
 import math
@@ -39,17 +41,18 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import torch
+from gpu_check_generation import generation_speed
+from gpu_check_megatron import HEADER, MEGATRON_SUMMARY, measure_megatron, megatron_columns, megatron_missing
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import nemo_tau2  # noqa: F401  (offline settings first)
 from nemo_tau2.algorithms.loss import ClippedPGLossConfig, ClippedPGLossFn
-from nemo_tau2.generation.engine import GenerationRequest
-from nemo_tau2.generation.hf_engine import HFEngine
 from nemo_tau2.generation.tiny_model import build_tiny_tokenizer
 from nemo_tau2.models.memory_calibration import PeakMeasurement, calibration_report
 from nemo_tau2.models.memory_plan import GB, ClusterConfig, make_plan
@@ -68,8 +71,7 @@ LENGTHS = Path(__file__).parent / "data" / "tau2_test_episode_lengths.json"
 LOSS = ClippedPGLossFn(ClippedPGLossConfig(ratio_clip_max=0.28, use_importance_sampling_correction=True))
 GPU = {"max_len": 32768, "budgets": (4096, 8192, 16384, 32768, 65536), "chunk": 1024, "gen": (1024, 128)}
 DRY_RUN = {"max_len": 128, "budgets": (128, 256), "chunk": 32, "gen": (16, 4)}
-CONCURRENCY = (1, 8, 32)
-ERRORS = {"error", "timed_error", "generation_error"}  # a shape with any of them failed
+ERRORS = {"error", "timed_error", "generation_error", "megatron_error"}  # a shape with any of them failed
 TINY_QWEN3 = {"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
               "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 1024,
               "max_position_embeddings": 4096, "tie_word_embeddings": True}  # fmt: skip
@@ -160,11 +162,12 @@ def with_budget(cfg: PolicyConfig, tokens: int) -> PolicyConfig:
     return cfg.model_copy(update={"sequence_packing": packing})
 
 
-def ladder_step(policy: Policy, plan, budget: int, sizes: dict, vocab: int, meter: PeakMemory) -> dict:
-    """One GRPO step on ``budget`` tokens with its peak memory against ``plan`` (a trainer rank's DevicePlan)."""
+def ladder_step(policy: Policy, plan, sequences: list[TrainingSequence], meter: PeakMemory) -> dict:
+    """One GRPO step on ``sequences`` with its peak memory against ``plan`` (a trainer rank's DevicePlan)."""
+    budget = sum(len(s) for s in sequences)
     meter.start()
     try:
-        score_s, train_s = grpo_step(policy, episodes(budget, sizes["max_len"], vocab, seed=budget))
+        score_s, train_s = grpo_step(policy, sequences)
     except torch.OutOfMemoryError:
         _free(meter.device)
         return {"tokens": budget, "fits": False, "estimated_bytes": plan.total_bytes}
@@ -174,13 +177,9 @@ def ladder_step(policy: Policy, plan, budget: int, sizes: dict, vocab: int, mete
             "step_s": round(score_s + train_s, 4), "measurement": measured}  # fmt: skip
 
 
-def timed_steps(policy: Policy, budget: int, sizes: dict, shape: ModelShape, matmul: int, steps: int,
-                peak_tflops: float | None) -> dict:  # fmt: skip
-    """Median of ``steps`` GRPO steps on ``budget`` tokens: tokens/s and MFU (see the module docstring)."""
-    sequences = episodes(budget, sizes["max_len"], shape.vocab_size, seed=0)
-    times = [grpo_step(policy, sequences) for _ in range(steps)]
-    score_s, train_s = statistics.median(s for s, _ in times), statistics.median(t for _, t in times)
-    lengths = [len(s) for s in sequences]
+def speed_figures(lengths: list[int], score_s: float, train_s: float, *, matmul: int, shape: ModelShape,
+                  peak_tflops: float | None) -> dict:  # fmt: skip
+    """Tokens/s and MFU of a step on sequences of ``lengths`` (see the module docstring), for either backend."""
     train_tflops = 3 * forward_flops(matmul, shape.num_blocks, shape.attention_width, lengths) / train_s / 1e12
     return {"timed_tokens": sum(lengths), "sequences": len(lengths), "step_s": round(score_s + train_s, 4),
             "train_s": round(train_s, 4), "train_tokens_per_s": round(sum(lengths) / train_s, 1),
@@ -190,10 +189,11 @@ def timed_steps(policy: Policy, budget: int, sizes: dict, shape: ModelShape, mat
 
 
 def check_shape(name: str, config, device: torch.device, sizes: dict, args, peak_tflops, meter) -> dict:
-    """One shape: the ladder, the timed steps, generation (see the module docstring); the shape's JSON record."""
+    """One shape: the ladder, the timed steps (each backend), generation (module docstring); its JSON record."""
     budgets = [b for b in sizes["budgets"] if b <= args.max_tokens] or [args.max_tokens]
     cfg = PolicyConfig(model_name=name, train_global_batch_size=1 << 20, train_micro_batch_size=1,
-                       max_total_sequence_length=min(sizes["max_len"], max(budgets)), precision="bfloat16",
+                       max_total_sequence_length=min(sizes["max_len"], max(budgets)),
+                       precision="bfloat16" if device.type == "cuda" else "float32",
                        logprob_chunk_size=sizes["chunk"], device=device.type,
                        dtensor_cfg={"enabled": True, "activation_checkpointing": True},
                        sequence_packing={"enabled": True, "train_mb_tokens": max(budgets)})  # fmt: skip
@@ -205,15 +205,44 @@ def check_shape(name: str, config, device: torch.device, sizes: dict, args, peak
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(with_layers(config, layers), dtype=torch.float32)
     matmul = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    figures = functools.partial(speed_figures, matmul=matmul, shape=shape, peak_tflops=peak_tflops)
+    batches = {b: episodes(b, sizes["max_len"], shape.vocab_size, seed=b) for b in budgets}  # one per budget
     tokenizer = build_tiny_tokenizer()
     record: dict = {"shape": name, "layers": layers, "layers_full": full.num_blocks, "parameters": shape.parameters}
-    policy = Policy(cfg, model=model, tokenizer=tokenizer, init_reference_model=True)
+    initial = tempfile.TemporaryDirectory(prefix="gpu_check_") if args.megatron else None  # its weights: trained next
+    if initial is not None:
+        model.save_pretrained(initial.name)
+    fitting = [b for b in budgets if b <= timed_budget]  # without the torch path: the Megatron one's candidates
+    if "torch" in args.backends:
+        record |= torch_steps(cfg, model, tokenizer, batches, cluster, shape, figures, args.steps, meter)
+        fitting = [row["tokens"] for row in record["ladder"] if row["fits"] and row["tokens"] <= timed_budget]
     del model
-    ladder: list[dict] = []
+    if initial is not None:
+        with initial:
+            candidates = [batches[b] for b in sorted(fitting or budgets[:1], reverse=True)]
+            record |= measure_megatron(cfg, initial.name, tokenizer, candidates, LOSS, args.steps, figures, meter)
+    elif args.megatron_note:
+        record["megatron_note"] = args.megatron_note
+    if not args.no_generation:
+        try:
+            record["generation_tokens_per_s"] = generation_speed(config, tokenizer, device, sizes["gen"])
+        except Exception as e:  # the trainer's figures above still count
+            record["generation_error"] = _one_line(e)
+        _free(device)
+    return record
+
+
+def torch_steps(cfg: PolicyConfig, model, tokenizer, batches: dict, cluster, shape, figures, steps: int,
+                meter) -> dict:  # fmt: skip
+    """The torch path (FSDP2 ``Policy``): the ladder over ``batches``, then ``steps`` timed steps at the timed
+    micro-batch (the largest that fits up to the recipe's); ``model`` is trained in place."""
+    name, timed_budget = cfg.model_name, cfg.max_total_sequence_length
+    policy = Policy(cfg, model=model, tokenizer=tokenizer, init_reference_model=True)
+    ladder, out, fitting = [], {}, []
     try:
-        for budget in budgets:
+        for budget, sequences in batches.items():
             plan = make_plan(with_budget(cfg, budget), cluster, reference=True, shape=shape).devices[0]
-            ladder.append(ladder_step(policy, plan, budget, sizes, shape.vocab_size, meter))
+            ladder.append(ladder_step(policy, plan, sequences, meter))
             row = ladder[-1]
             _log(f"{name}: {budget} tokens: " + (f"peak {row['peak_bytes'] / GB:.2f} GB, plan "
                  f"{row['estimated_bytes'] / GB:.2f} GB (ratio {row['ratio']:.2f}), step {row['step_s']:.2f} s"
@@ -223,24 +252,20 @@ def check_shape(name: str, config, device: torch.device, sizes: dict, args, peak
         fitting = [row["tokens"] for row in ladder if row["fits"]]
         if fitting:
             timed = max([b for b in fitting if b <= timed_budget] or fitting[:1])
-            record["memory_ratio"] = next(row["ratio"] for row in ladder if row["tokens"] == timed)
+            out["memory_ratio"] = next(row["ratio"] for row in ladder if row["tokens"] == timed)
             try:  # after an out-of-memory step the ladder's figures still count
-                record |= timed_steps(policy, timed, sizes, shape, matmul, args.steps, peak_tflops)
+                times = [grpo_step(policy, batches[timed]) for _ in range(steps)]
+                score_s, train_s = statistics.median(s for s, _ in times), statistics.median(t for _, t in times)
+                out |= figures([len(s) for s in batches[timed]], score_s, train_s)
             except Exception as e:
-                record["timed_error"] = _one_line(e)
+                out["timed_error"] = _one_line(e)
     finally:
         policy.shutdown()
         del policy
-        _free(device)
-    measurements = [row.pop("measurement") for row in ladder if row["fits"]]
-    record |= {"ladder": ladder, "largest_micro_batch_tokens": max(fitting, default=None)}
-    if not args.no_generation:
-        try:
-            record["generation_tokens_per_s"] = generation_speed(config, tokenizer, device, sizes["gen"])
-        except Exception as e:  # the trainer's figures above still count
-            record["generation_error"] = _one_line(e)
-        _free(device)
-    return record | {"measurements": [m.as_dict() for m in measurements]}
+        _free(meter.device)
+    measurements = [row.pop("measurement").as_dict() for row in ladder if row["fits"]]
+    return out | {"ladder": ladder, "largest_micro_batch_tokens": max(fitting, default=None),
+                  "measurements": measurements}  # fmt: skip
 
 
 def with_layers(config, layers: int):
@@ -248,31 +273,6 @@ def with_layers(config, layers: int):
     fields = config.to_dict() | {"num_hidden_layers": layers, "max_window_layers": layers}
     fields.pop("layer_types", None)
     return type(config)(**fields)
-
-
-def generation_speed(config, tokenizer, device: torch.device, sizes: tuple[int, int]) -> dict[str, float]:
-    """Generated tokens/s of the hf engine (full depth, bf16 on a GPU) at each of ``CONCURRENCY`` requests."""
-    prompt_tokens, new_tokens = sizes
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if device.type == "cuda" else None)
-    engine = HFEngine(model, tokenizer, model_name="gpu_check", max_batch_size=max(CONCURRENCY))
-    generator = torch.Generator().manual_seed(0)
-
-    async def run(concurrency: int, max_tokens: int) -> float:
-        requests = [GenerationRequest(torch.randint(10, config.vocab_size, (prompt_tokens,), generator=generator)
-                                      .tolist(), max_tokens, 1.0, 1.0, seed=i, top_logprobs=0)
-                    for i in range(concurrency)]  # fmt: skip
-        started = time.perf_counter()
-        results = await asyncio.gather(*(engine.generate(r) for r in requests))
-        return sum(len(r.tokens) for r in results) / (time.perf_counter() - started)
-
-    try:
-        asyncio.run(run(2, 2))  # warm-up
-        speeds = {str(c): round(asyncio.run(run(c, new_tokens)), 1) for c in CONCURRENCY}
-    finally:
-        engine.close()
-    _log(f"generation: {speeds} tokens/s at {'/'.join(map(str, CONCURRENCY))} concurrent requests")
-    return speeds
 
 
 def _free(device: torch.device) -> None:
@@ -308,13 +308,14 @@ def _one_line(error: BaseException) -> str:
 
 def _table(records: list[dict]) -> str:
     rows = [f"{'shape':30} {'layers':>7} {'tokens/s':>10} {'MFU':>6} {'mem ratio':>9} {'largest mb':>10} "
-            f"{'gen tok/s (1/8/32)':>22}"]  # fmt: skip
+            f"{'gen tok/s (1/8/32)':>22} {HEADER}"]  # fmt: skip
     for r in records:
         mfu = f"{r['train_mfu']:.1%}" if r.get("train_mfu") is not None else "-"
         gen = "/".join(f"{v:.0f}" for v in r.get("generation_tokens_per_s", {}).values()) or "-"
         rows.append(f"{r['shape']:30} {r.get('layers', 0):>3}/{r.get('layers_full', 0):<3} "
                     f"{r.get('train_tokens_per_s', '-'):>10} {mfu:>6} {r.get('memory_ratio', '-'):>9} "
-                    f"{r.get('largest_micro_batch_tokens') or '-':>10} {gen:>22}" + (f"  ERROR {r['error']}"
+                    f"{r.get('largest_micro_batch_tokens') or '-':>10} {gen:>22} {megatron_columns(r)}" + (
+                    f"  ERROR {r['error']}"
                     if "error" in r else ""))  # fmt: skip
     return "\n".join(rows)
 
@@ -326,6 +327,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=3, help="timed steps at the timed micro-batch (median)")
     parser.add_argument("--max-tokens", type=int, default=65536, help="largest micro-batch of the ladder")
     parser.add_argument("--no-generation", action="store_true", help="skip the hf engine's generation speed")
+    parser.add_argument("--backends", default="torch,megatron", help="trainer backends to measure (torch,megatron)")
     parser.add_argument("--out", help="also append every JSON line to this file as it is produced")
     parser.add_argument("--write-calibration", metavar="FILE", help="write the memory plan's calibration (JSON)")
     args = parser.parse_args(argv)
@@ -335,10 +337,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.exit(2, "error: --dry-run runs one tiny CPU shape: drop --shapes\n")
     if unknown:
         parser.exit(2, f"error: --shapes: unknown shape {unknown[0]!r}; choose from {','.join(SHAPES)}\n")
+    args.backends = args.backends.split(",")
+    if not args.backends or set(args.backends) - {"torch", "megatron"}:
+        parser.exit(2, f"error: --backends: {','.join(args.backends)!r}: give torch, megatron or torch,megatron\n")
     if args.steps < 1 or args.max_tokens < 2:
         parser.exit(2, "error: --steps must be >= 1 and --max-tokens >= 2\n")
     if not args.dry_run and not torch.cuda.is_available():
         parser.exit(2, "error: torch sees no CUDA device: run on the GPU machine, or pass --dry-run (CPU)\n")
+    args.megatron_note = megatron_missing() if "megatron" in args.backends else None
+    args.megatron = "megatron" in args.backends and args.megatron_note is None
     args.names = [] if args.dry_run else names
     return args
 
@@ -376,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__, "failed": [r["shape"] for r in records if ERRORS & set(r)],
         "shapes": {r["shape"]: {k: r.get(k) for k in ("layers", "layers_full", "train_tokens_per_s", "train_mfu",
                    "memory_ratio", "largest_micro_batch_tokens", "generation_tokens_per_s", "error", "timed_error",
-                   "generation_error")} for r in records},
+                   "generation_error", *MEGATRON_SUMMARY)} for r in records},
         "memory_plan": {k: v for k, v in calibration.items() if k != "measurements"},
     }  # fmt: skip
     if args.write_calibration:

@@ -28,6 +28,7 @@ fi
 rm -rf "$DEST"
 mkdir -p "$DEST"
 "$PYTHON" -m pip download --quiet --only-binary=:all: --no-deps --platform manylinux2014_x86_64 \
+  --platform manylinux_2_28_x86_64 \
   --python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi none \
   -r "$HERE/gpu_kit_requirements.txt" -d "$DEST" >&2
 

@@ -5,7 +5,9 @@ One subprocess runs the dry run exactly as CI's machine would (``bench/gpu_check
 module it loaded; the tests read its output, its calibration file and that module list.
 """
 
+import ast
 import importlib.metadata
+import importlib.util
 import json
 import math
 import re
@@ -76,7 +78,25 @@ def test_dry_run_reports_one_line_per_shape_and_the_summary_last(dry_run):
     assert all(v > 0 for v in record["generation_tokens_per_s"].values())
     summary = dry_run["summary"]
     assert summary["dry_run"] is True and summary["failed"] == [] and "tiny-qwen3" in summary["shapes"]
-    assert "largest mb" in dry_run["stderr"]  # the readable table
+    assert "largest mb" in dry_run["stderr"] and "meg tok/s" in dry_run["stderr"]  # the readable table
+
+
+MEGATRON_AGREEMENT_FP32 = 1e-4
+"""Max |logprob difference| of the Megatron backend against the torch path on the same weights and batch, fp32 on
+CPU (measured: about 1e-6; a misplaced weight or mask moves logprobs by far more than this)."""
+
+
+def test_dry_run_measures_the_megatron_backend_beside_the_torch_one(dry_run):
+    (record,) = dry_run["records"]
+    assert "megatron_error" not in record and "megatron_note" not in record
+    assert record["megatron_timed_tokens"] == record["timed_tokens"] == 128  # the same packed micro-batch
+    assert record["megatron_sequences"] == record["sequences"]
+    assert record["megatron_train_tokens_per_s"] > 0 and record["megatron_step_s"] > record["megatron_train_s"] > 0
+    assert record["megatron_peak_bytes"] > 0 and record["megatron_train_mfu"] is None
+    assert record["megatron_params_dtype"] == "float32"
+    assert 0 <= record["megatron_logprob_max_abs_diff"] < MEGATRON_AGREEMENT_FP32
+    summary = dry_run["summary"]["shapes"]["tiny-qwen3"]
+    assert summary["megatron_logprob_max_abs_diff"] == record["megatron_logprob_max_abs_diff"]
 
 
 def test_dry_run_calibration_fits_its_own_measured_peaks(dry_run):
@@ -90,6 +110,7 @@ def test_dry_run_calibration_fits_its_own_measured_peaks(dry_run):
 def test_dry_run_loads_no_ray_gym_tau2_vllm_omegaconf_or_litellm(dry_run):
     loaded = {name.split(".")[0] for name in dry_run["modules"]}
     assert "nemo_tau2.models.policy.worker" in dry_run["modules"]  # the trainer did run
+    assert {"nemo_tau2.models.megatron.worker", "megatron.core.pipeline_parallel"} <= set(dry_run["modules"])
     assert sorted(loaded & set(FORBIDDEN)) == []
 
 
@@ -111,19 +132,42 @@ def _with_dependencies(names) -> set[str]:
     return found
 
 
+def _megatron_requirements(loaded: list[str]) -> set[str]:
+    """Top-level packages that megatron-core's modules the dry run loaded import unconditionally (at module level,
+    outside ``try``: its optional ones, Transformer Engine, Apex, wandb..., fall back when absent)."""
+    found, root = set(), Path(importlib.util.find_spec("megatron").submodule_search_locations[0]).parent  # no import
+    for name in (n for n in loaded if n.split(".")[0] == "megatron"):
+        base = root / name.replace(".", "/")
+        for path in (path for path in (base / "__init__.py", base.with_suffix(".py")) if path.is_file()):
+            found |= _module_level_imports(path)
+    return found
+
+
+def _module_level_imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
 def test_kit_wheels_cover_every_package_the_check_imports(dry_run):
     kit = {_normalise(Requirement(line).name): str(Requirement(line).specifier)
            for line in KIT_REQUIREMENTS.read_text().splitlines() if line and not line.startswith("#")}  # fmt: skip
-    ours = [CHECK]
+    ours = [CHECK, *CHECK.parent.glob("gpu_check_*.py")]
     for name in (n for n in dry_run["modules"] if n.split(".")[0] == "nemo_tau2"):
         base = ROOT / name.replace(".", "/")
         ours += [path for path in (base / "__init__.py", base.with_suffix(".py")) if path.is_file()]  # none: namespace
     third_party = {m.split(".")[0] for path in ours for m in imported_modules(path, ROOT)}
+    third_party |= _megatron_requirements(dry_run["modules"])
     third_party -= set(sys.stdlib_module_names) | {"nemo_tau2", "__future__"} | set(LAZY_ELSEWHERE)
     distributions = importlib.metadata.packages_distributions()
     available = _with_dependencies(GPU_MACHINE) | set(kit)
-    missing = sorted(f"{name} ({distributions.get(name)})" for name in third_party
-                     if not {_normalise(d) for d in distributions.get(name, [name])} & available)  # fmt: skip
+    missing = sorted(f"{name} ({distributions.get(name)})" for name in third_party if name in distributions
+                     and not {_normalise(d) for d in distributions[name]} & available)  # fmt: skip
+    assert {"megatron", "numpy", "packaging"} <= third_party  # megatron-core and what it needs: the same rule
     assert missing == [], f"neither on the GPU machine nor in {KIT_REQUIREMENTS.name}"
     lock = (ROOT / "uv.lock").read_text()
     for name, pin in kit.items():  # the kit installs what CI tests
@@ -133,7 +177,11 @@ def test_kit_wheels_cover_every_package_the_check_imports(dry_run):
 
 @pytest.fixture(scope="module")
 def gpu_check():
-    return __import__("runpy").run_path(str(CHECK), run_name="gpu_check")
+    sys.path.insert(0, str(CHECK.parent))  # as running the script does: its sibling modules
+    try:
+        return __import__("runpy").run_path(str(CHECK), run_name="gpu_check")
+    finally:
+        sys.path.remove(str(CHECK.parent))
 
 
 @pytest.mark.parametrize(
@@ -142,6 +190,7 @@ def gpu_check():
         (["--shapes", "0.6b,9b"], "--shapes: unknown shape '9b'; choose from 0.6b,1.7b,4b,8b"),
         (["--dry-run", "--shapes", "0.6b"], "--dry-run runs one tiny CPU shape: drop --shapes"),
         (["--steps", "0"], "--steps must be >= 1"),
+        (["--dry-run", "--backends", "torch,jax"], "--backends: 'torch,jax': give torch, megatron or torch,megatron"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line_naming_the_fix(gpu_check, capsys, argv, message):
@@ -167,10 +216,20 @@ def test_a_micro_batch_that_runs_out_of_memory_is_recorded_as_not_fitting(gpu_ch
     plan = type("Plan", (), {"total_bytes": 90e9})()
     sizes = gpu_check["DRY_RUN"]
     meter = gpu_check["PeakMemory"](torch.device("cpu"))
-    row = gpu_check["ladder_step"](OutOfMemoryPolicy(), plan, 256, sizes, 1024, meter)
+    sequences = gpu_check["episodes"](256, sizes["max_len"], 1024, seed=0)
+    row = gpu_check["ladder_step"](OutOfMemoryPolicy(), plan, sequences, meter)
     assert row == {"tokens": 256, "fits": False, "estimated_bytes": 90e9}
 
 
 def test_model_flops_count_matmuls_and_causal_attention_within_each_packed_sequence(gpu_check):
     # 2 N T + 2 L d sum(len^2): N=10 matmul weights, T=8 tokens in sequences of 3 and 5, L=2 layers, d=4
     assert gpu_check["forward_flops"](10, 2, 4, [3, 5]) == 2 * 10 * 8 + 2 * 2 * 4 * (9 + 25)
+
+
+def test_without_megatron_core_the_check_notes_it_in_one_line_and_measures_torch_only(gpu_check, monkeypatch):
+    monkeypatch.setitem(sys.modules, "megatron", None)  # what a machine without the kit's wheel sees
+    monkeypatch.setitem(sys.modules, "megatron.core", None)
+    args = gpu_check["parse_args"](["--dry-run"])
+    assert args.backends == ["torch", "megatron"] and args.megatron is False
+    assert "megatron-core is not importable" in args.megatron_note and "\n" not in args.megatron_note
+    assert gpu_check["parse_args"](["--dry-run", "--backends", "torch"]).megatron_note is None

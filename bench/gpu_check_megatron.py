@@ -1,0 +1,139 @@
+"""The GPU kit's Megatron measurement (``bench/gpu_check.py --backends megatron``): the Megatron backend's GRPO step
+on the one device, beside the FSDP2 one, from the same initial weights.
+
+A lent GPU machine has no Ray, so not :class:`~nemo_tau2.models.policy.Policy` (its Megatron ranks are Ray actors):
+one :class:`~nemo_tau2.models.megatron.worker.MegatronPolicyWorker` in this process, in a one-rank
+``torch.distributed`` group (NCCL on CUDA; gloo on CPU, where ``cpu_mode`` applies), TP = PP = 1, built from the
+shape's initial weights written as an HF folder. The step is the torch path's: ``get_logprobs``,
+``get_reference_logprobs`` (the worker swaps its initial weights in), ``train_global_batch`` with the recipe's
+``ClippedPGLossFn``, clip and optimizer step, the timed micro-batch as one packed micro-batch
+(``policy.sequence_packing``: a packed row with a dense ``N x N`` block-causal mask, the unfused attention of the
+local layer spec). A micro-batch that runs out of memory is retried at the next smaller budget (``timed_tokens``).
+
+Figures (prefixed ``megatron_`` in the shape's record): the median of ``--steps`` steps after one untimed step that
+also gives ``peak_bytes``; tokens/s and MFU by the torch path's formula; ``params_dtype``, what the stage trains in
+(``policy.precision`` bfloat16 sets megatron-core's ``bf16`` for its optimizer, but the stage has no ``Float16Module``
+yet, so it computes in fp32: the measured speed is that); ``logprob_max_abs_diff``, the largest |difference| between
+its logprobs on the initial weights and the torch path's reference logprobs of the same batch (the torch reference
+model holds those same weights), a correctness figure. Without megatron-core, one ``megatron_note`` line instead.
+"""
+
+import dataclasses
+import gc
+import importlib.util
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+from nemo_tau2.models.policy import PolicyConfig, TrainingSequence
+from nemo_tau2.models.policy.lm_policy import global_normalisers
+
+MEGATRON_SUMMARY = ("megatron_train_tokens_per_s", "megatron_train_mfu", "megatron_logprob_max_abs_diff",
+                    "megatron_error", "megatron_note")  # fmt: skip
+"""The Megatron fields the summary line repeats per shape."""
+HEADER = f"{'meg tok/s':>10} {'meg MFU':>7} {'meg |dlp|':>9}"
+
+
+def megatron_missing() -> str | None:
+    """Why the Megatron measurement cannot run here (one line), or None when megatron-core is importable."""
+    try:
+        found = importlib.util.find_spec("megatron.core") is not None
+    except (ImportError, ValueError):  # no ``megatron`` package, or one without a spec
+        found = False
+    return None if found else "megatron-core is not importable here: Megatron not measured (carry its wheel)"
+
+
+def megatron_config(cfg: PolicyConfig, folder: str) -> PolicyConfig:
+    """``cfg`` (the torch path's: its precision, packing, sizes) on the Megatron backend, TP = PP = 1."""
+    fields = cfg.model_dump() | {"model_name": folder, "dtensor_cfg": {"enabled": False}}
+    fields |= {"megatron_cfg": {"enabled": True, "activation_checkpointing": True}}
+    return PolicyConfig(**fields)
+
+
+def _step(worker, sequences: list[TrainingSequence], loss) -> tuple[float, float]:
+    started = time.perf_counter()
+    for seq, lp, ref in zip(sequences, worker.get_logprobs([sequences]), worker.get_reference_logprobs([sequences]),
+                            strict=True):  # fmt: skip
+        seq.prev_logprobs, seq.reference_logprobs = lp, ref
+    scored = time.perf_counter()
+    result = worker.train_global_batch([sequences], loss, *global_normalisers(sequences))
+    if not math.isfinite(result["grad_norm"]):
+        raise RuntimeError(f"the Megatron training step gave a gradient norm of {result['grad_norm']}")
+    return scored - started, time.perf_counter() - scored
+
+
+def _max_abs_diff(ours: list[list[float]], theirs: list[list[float] | None]) -> float | None:
+    if any(t is None for t in theirs):
+        return None
+    return max(abs(a - b) for o, t in zip(ours, theirs, strict=True) for a, b in zip(o, t, strict=True))
+
+
+def measure_megatron(cfg: PolicyConfig, folder: str, tokenizer, batches: list[list[TrainingSequence]], loss,
+                     steps: int, figures: Callable[[list[int], float, float], dict], meter) -> dict:  # fmt: skip
+    """The ``megatron_`` fields of a shape's record (``megatron_error``, one line, if it failed); logged."""
+    try:
+        fields = _measure(cfg, folder, tokenizer, batches, loss, steps, figures, meter)
+    except Exception as e:  # the torch path's figures still count
+        fields = {"megatron_error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"}
+    print(
+        f"{cfg.model_name}: megatron: "
+        + (
+            fields.get("megatron_error")
+            or f"{fields['megatron_train_tokens_per_s']}"
+            f" tokens/s, logprob max |diff| {fields['megatron_logprob_max_abs_diff']}"
+        ),
+        file=sys.stderr,
+        flush=True,
+    )
+    return fields
+
+
+def _measure(cfg: PolicyConfig, folder: str, tokenizer, batches: list[list[TrainingSequence]], loss, steps: int,
+             figures: Callable[[list[int], float, float], dict], meter) -> dict:  # fmt: skip
+    """``batches`` largest first (the timed one, then fallbacks on out
+    of memory), their ``reference_logprobs`` the torch path's (or None); ``folder`` the initial weights (HF);
+    ``figures(lengths, score_s, train_s)`` the torch path's speed figures."""
+    from nemo_tau2.models.megatron.worker import MegatronPolicyWorker
+
+    worker = MegatronPolicyWorker(megatron_config(cfg, folder), tokenizer=tokenizer, init_reference_model=True)
+    try:
+        worker.init_distributed(worker.rendezvous_address())
+        dtype = next(worker.stack.model.parameters()).dtype
+        for batch in batches:
+            sequences = [dataclasses.replace(s) for s in batch]  # the torch path's reference logprobs stay
+            meter.start()
+            try:
+                agreement = _max_abs_diff(worker.get_logprobs([sequences]), [s.reference_logprobs for s in batch])
+                _step(worker, sequences, loss)  # untimed: warm-up and the peak
+            except torch.OutOfMemoryError:
+                _free(meter.device)
+                continue
+            peak = meter.peak()
+            times = [_step(worker, sequences, loss) for _ in range(steps)]
+            score_s, train_s = statistics.median(s for s, _ in times), statistics.median(t for _, t in times)
+            measured = figures([len(s) for s in sequences], score_s, train_s)
+            return {f"megatron_{k}": v for k, v in measured.items()} | {
+                "megatron_peak_bytes": peak, "megatron_params_dtype": str(dtype).removeprefix("torch."),
+                "megatron_logprob_max_abs_diff": agreement}  # fmt: skip
+        return {"megatron_error": f"out of memory at every micro-batch down to {sum(map(len, batches[-1]))} tokens"}
+    finally:
+        worker.close()
+        _free(meter.device)
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def megatron_columns(record: dict) -> str:
+    """The table's Megatron columns of one shape's record (``HEADER``)."""
+    mfu = record.get("megatron_train_mfu")
+    diff = record.get("megatron_logprob_max_abs_diff")
+    return (f"{record.get('megatron_train_tokens_per_s', '-'):>10} {f'{mfu:.1%}' if mfu is not None else '-':>7} "
+            f"{f'{diff:.1e}' if diff is not None else '-':>9}")  # fmt: skip
