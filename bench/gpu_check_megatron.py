@@ -101,6 +101,7 @@ def _measure(cfg: PolicyConfig, folder: str, tokenizer, batches: list[list[Train
     ``figures(lengths, score_s, train_s)`` the torch path's speed figures."""
     from nemo_tau2.models.megatron.worker import MegatronPolicyWorker
 
+    _free(meter.device)  # the torch path's cached blocks, so that the peak below is this backend's
     worker = MegatronPolicyWorker(megatron_config(cfg, folder), tokenizer=tokenizer, init_reference_model=True)
     try:
         worker.init_distributed(worker.rendezvous_address())
