@@ -60,6 +60,11 @@ def _finalize_without_token_scaling(model_chunks: list, num_tokens: Any = None, 
 
 def build_stack(cfg: PolicyConfig, hf_folder: str) -> MegatronStack:
     """Build this rank's stage from an HF folder (weights converted on load), after ``initialize_megatron``."""
+    if cfg.precision == "bfloat16":  # before anything loads: the first forward would fail mid-run with a traceback
+        raise ValueError(
+            "policy.precision=bfloat16 is not supported by the Megatron backend yet (its stage is not wrapped in "
+            "megatron-core's Float16Module, so bf16 attention meets fp32 weights); set policy.precision=float32"
+        )
     from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
