@@ -173,14 +173,9 @@ def block_causal_mask(position_ids: torch.Tensor) -> torch.Tensor:
     return ~(same & torch.ones_like(same).tril())[None, None]
 
 
-def _token_frame(values: torch.Tensor, batch: TrainingBatch) -> torch.Tensor:
-    return batch.packed.unpack(values) if batch.packed is not None else values
-
-
 def _frame_logprobs(logits: torch.Tensor, batch: TrainingBatch) -> torch.Tensor:
     """Per-token logprobs in the batch's ``[B, T]`` frame, from padded rows' or the packed row's logits."""
-    input_ids = batch.packed.input_ids if batch.packed is not None else batch.input_ids
-    return _token_frame(token_logprobs(logits, input_ids), batch)
+    return batch.to_frame(token_logprobs(logits, batch.model_input_ids))
 
 
 def _run_schedule(stack: MegatronStack, batches: list[TrainingBatch], loss_of: Any, forward_only: bool) -> list:
@@ -311,7 +306,7 @@ def train_global_batch(
             global_valid_tokens=global_valid_toks,
             global_valid_seqs=global_valid_seqs,
         )
-        metrics["entropy"] = batch.mean_over_loss_tokens(_token_frame(next_token_entropy(logits.detach()), batch))
+        metrics["entropy"] = batch.mean_over_loss_tokens(batch.to_frame(next_token_entropy(logits.detach())))
         return loss, torch.tensor(1), {"loss": loss.detach(), "metrics": metrics}
 
     outputs = _run_schedule(stack, padded, loss_of, forward_only=False)

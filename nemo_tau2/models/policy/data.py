@@ -181,6 +181,15 @@ class TrainingBatch:
             "reference_logprobs": self.reference_logprobs,
         }
 
+    @property
+    def model_input_ids(self) -> torch.Tensor:
+        """What the model runs on: the packed row's ids (``[1, N]``), else the ``[B, T]`` rows."""
+        return self.packed.input_ids if self.packed is not None else self.input_ids
+
+    def to_frame(self, values: torch.Tensor) -> torch.Tensor:
+        """Per-token ``values`` of :attr:`model_input_ids` in the ``[B, T]`` frame the loss reads (every backend)."""
+        return self.packed.unpack(values) if self.packed is not None else values
+
     def mean_over_loss_tokens(self, values: torch.Tensor) -> float:
         """The mean of ``[B, T]`` ``values`` over the tokens that carry loss (policy tokens of kept episodes)."""
         mask = self.token_mask * self.sample_mask[:, None]

@@ -194,12 +194,8 @@ class PolicyWorker:
                 inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
             return model(**inputs, use_cache=False).logits
 
-    def _frame(self, values: torch.Tensor, batch: TrainingBatch) -> torch.Tensor:
-        return batch.packed.unpack(values) if batch.packed is not None else values
-
     def _token_logprobs(self, logits: torch.Tensor, batch: TrainingBatch) -> torch.Tensor:
-        input_ids = batch.packed.input_ids if batch.packed is not None else batch.input_ids
-        return self._frame(token_logprobs(logits, input_ids, self.cfg.logprob_chunk_size), batch)
+        return batch.to_frame(token_logprobs(logits, batch.model_input_ids, self.cfg.logprob_chunk_size))
 
     def _dummy_pass(self, model: PreTrainedModel, backward: bool) -> None:
         """A zero-loss forward (and backward) that takes part in FSDP's collectives for a rank without data."""
@@ -246,7 +242,7 @@ class PolicyWorker:
             global_valid_tokens=valid_toks,
             global_valid_seqs=valid_seqs,
         )
-        entropy = self._frame(next_token_entropy(logits.detach(), self.cfg.logprob_chunk_size), batch)
+        entropy = batch.to_frame(next_token_entropy(logits.detach(), self.cfg.logprob_chunk_size))
         metrics["entropy"] = batch.mean_over_loss_tokens(entropy)
         del logits
         loss.backward()
