@@ -235,12 +235,11 @@ def test_without_megatron_core_the_check_notes_it_in_one_line_and_measures_torch
     assert gpu_check["parse_args"](["--dry-run", "--backends", "torch"]).megatron_note is None
 
 
-def test_the_megatron_measurement_runs_in_fp32_where_the_torch_path_runs_bf16(gpu_check):
-    # policy.precision=bfloat16 fails on the Megatron backend today (no Float16Module: see its README's "Not yet")
+def test_the_megatron_measurement_runs_in_the_torch_paths_precision_and_packing(gpu_check):
     torch_cfg = gpu_check["PolicyConfig"](model_name="x", train_global_batch_size=8, train_micro_batch_size=1,
                                           max_total_sequence_length=256, precision="bfloat16",
                                           dtensor_cfg={"enabled": True},
                                           sequence_packing={"enabled": True, "train_mb_tokens": 256})  # fmt: skip
     cfg = __import__("gpu_check_megatron").megatron_config(torch_cfg, "/initial/weights")
-    assert cfg.precision == "float32" and cfg.megatron_cfg.enabled and not cfg.dtensor_cfg.enabled
+    assert cfg.precision == "bfloat16" and cfg.megatron_cfg.enabled and not cfg.dtensor_cfg.enabled
     assert cfg.model_name == "/initial/weights" and cfg.sequence_packing == torch_cfg.sequence_packing

@@ -52,7 +52,7 @@ def _megatron_optimizers(stack: MegatronStack) -> list:
 
 
 def _sharded_state(stack: MegatronStack, is_loading: bool) -> dict:
-    model = stack.model.module.sharded_state_dict()  # the GPTModel's names (DDP would prefix "module.")
+    model = stack.gpt_model.sharded_state_dict()  # the GPTModel's names (DDP would prefix "module.")
     optimizer = stack.optimizer.sharded_state_dict(model, is_loading=is_loading, metadata=_SHARDING)
     return {"model": model, "optimizer": optimizer}
 
@@ -112,7 +112,7 @@ def load_megatron_checkpoint(stack: MegatronStack, directory: str | Path, schedu
 
     _create_optimizer_state(stack)
     loaded = dist_checkpointing.load(_sharded_state(stack, is_loading=True), str(directory))
-    stack.model.module.load_state_dict(loaded["model"])
+    stack.gpt_model.load_state_dict(loaded["model"])
     with torch.no_grad():  # fp32 main params are views of the trained parameters: copied into without autograd
         stack.optimizer.load_state_dict(loaded["optimizer"])
     _own_step_per_parameter(stack, loaded["optimizer"])

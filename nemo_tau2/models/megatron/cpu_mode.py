@@ -17,12 +17,14 @@ modules listed in :data:`PATCHED_MODULES` for :class:`_TorchOnCpu`, a view of to
 - ``device='cuda'`` in ``torch.tensor`` / ``zeros`` / ``empty`` / ``ones`` becomes the CPU: the grad-norm and
   found-inf scalars of the optimizers and grad clipping.
 
-Three functions use tensor methods that assume CUDA: two optimizer functions accept fp32 parameters only if
-``tensor.type() == 'torch.cuda.FloatTensor'`` (``DistributedOptimizer._build_model_and_main_param_groups``,
-``clip_grad_by_total_norm_fp32``), and ``LanguageModule.setup_embeddings_and_output_layer`` moves the tied embedding
-to the GPU (``weight.data.cuda()``) before all-reducing it between the first and last pipeline stages. While they
-run (``_tensor_methods_on_cpu``), a CPU fp32 tensor reports the CUDA type name and ``Tensor.cuda()`` returns the
-tensor itself; outside those calls both methods are torch's own.
+A few functions use tensor methods that assume CUDA: the optimizers accept a parameter only if ``tensor.type()`` is
+``'torch.cuda.FloatTensor'`` (fp32) or ``'torch.cuda.BFloat16Tensor'`` / ``'torch.cuda.HalfTensor'`` (16-bit: these
+get an fp32 master copy) (``DistributedOptimizer.__init__`` and ``_build_model_and_main_param_groups``,
+``Float16OptimizerWithFloat16Params.__init__``, ``clip_grad_by_total_norm_fp32``), and
+``LanguageModule.setup_embeddings_and_output_layer`` moves the tied embedding to the GPU (``weight.data.cuda()``)
+before all-reducing it between the first and last pipeline stages. While they run (``_tensor_methods_on_cpu``), a
+CPU tensor of those dtypes reports the CUDA type name and ``Tensor.cuda()`` returns the tensor itself; outside those
+calls both methods are torch's own.
 
 The RNG helpers ``_get_cuda_rng_state`` / ``_set_cuda_rng_state`` of ``tensor_parallel.random`` go through
 ``torch.cuda.default_generators`` and ``_lazy_call``; they are replaced by the CPU generator's get/set.
@@ -174,13 +176,16 @@ class _TorchOnCpu(types.ModuleType):
         return getattr(torch, name)
 
 
+_CUDA_TYPE_NAMES = {f"torch.{kind}": f"torch.cuda.{kind}" for kind in ("FloatTensor", "BFloat16Tensor", "HalfTensor")}
+
+
 @contextlib.contextmanager
 def _tensor_methods_on_cpu():
     original_type, original_cuda = torch.Tensor.type, torch.Tensor.cuda
 
     def cuda_name(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         name = original_type(tensor, *args, **kwargs)
-        return "torch.cuda.FloatTensor" if not args and not kwargs and name == "torch.FloatTensor" else name
+        return _CUDA_TYPE_NAMES.get(name, name) if not args and not kwargs else name
 
     torch.Tensor.type = cuda_name
     torch.Tensor.cuda = lambda tensor, *args, **kwargs: tensor
@@ -219,6 +224,10 @@ def apply_cpu_mode() -> bool:
     distributed = importlib.import_module("megatron.core.optimizer.distrib_optimizer").DistributedOptimizer
     build = distributed.__dict__["_build_model_and_main_param_groups"].__func__  # a classmethod
     distributed._build_model_and_main_param_groups = classmethod(_with_tensor_methods_on_cpu(build))
+    distributed.__init__ = _with_tensor_methods_on_cpu(distributed.__init__)
+    optimizer.Float16OptimizerWithFloat16Params.__init__ = _with_tensor_methods_on_cpu(
+        optimizer.Float16OptimizerWithFloat16Params.__init__
+    )
     language = importlib.import_module("megatron.core.models.common.language_module.language_module").LanguageModule
     language.setup_embeddings_and_output_layer = _with_tensor_methods_on_cpu(
         language.setup_embeddings_and_output_layer

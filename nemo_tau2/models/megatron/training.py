@@ -12,6 +12,11 @@ reduced, and Megatron DDP writes ``param.main_grad`` (its optimizer reads that, 
 The model's vocabulary may be padded for tensor parallelism (``make_vocab_size_divisible_by``): every logprob, loss
 and entropy reads the HF vocabulary's logits only (:func:`~nemo_tau2.models.megatron.model.hf_vocab_logits`).
 
+**bf16** (``policy.precision``) is megatron-core's mixed precision: the stage, loaded in fp32, is wrapped in
+``Float16Module`` (bf16 weights; fp32 logits out of the last stage), gradients are reduced in fp32 and the optimizer
+(``bf16=True``) steps fp32 master copies, then copies them into the bf16 weights. :attr:`MegatronStack.gpt_model`
+is the stage under both wrappers: conversion, exports, checkpoints and the reference model read its (bf16) weights.
+
 Every micro-batch of a step is padded to the same ``[B, T]`` (pipeline stages exchange fixed-shape activations):
 padding rows carry no loss (``sample_mask`` 0).
 
@@ -51,6 +56,13 @@ class MegatronStack:
     scheduler: Any
     make_vocab_size_divisible_by: int  # with TP, what the embedding's rows were padded to (its checkpoints' shape)
 
+    @property
+    def gpt_model(self) -> Any:
+        """The ``GPTModel`` stage itself, under Megatron DDP and (bf16) ``Float16Module``: its parameters have the
+        names the conversion, checkpoints and exports use, in the dtype the forward computes in."""
+        inner = self.model.module
+        return inner.module if self.config.bf16 else inner
+
 
 def _finalize_without_token_scaling(model_chunks: list, num_tokens: Any = None, **kwargs: Any) -> None:
     from megatron.core.distributed import finalize_model_grads
@@ -60,11 +72,6 @@ def _finalize_without_token_scaling(model_chunks: list, num_tokens: Any = None, 
 
 def build_stack(cfg: PolicyConfig, hf_folder: str) -> MegatronStack:
     """Build this rank's stage from an HF folder (weights converted on load), after ``initialize_megatron``."""
-    if cfg.precision == "bfloat16":  # before anything loads: the first forward would fail mid-run with a traceback
-        raise ValueError(
-            "policy.precision=bfloat16 is not supported by the Megatron backend yet (its stage is not wrapped in "
-            "megatron-core's Float16Module, so bf16 attention meets fp32 weights); set policy.precision=float32"
-        )
     from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -96,6 +103,11 @@ def build_stack(cfg: PolicyConfig, hf_folder: str) -> MegatronStack:
         padded_vocab_size=mcfg.padded_vocab_size(hf_config.vocab_size),
     )
     load_hf_state(model, read_hf_state(hf_folder), hf_config)
+    if config.bf16:  # megatron-core's mixed precision: bf16 weights compute, the optimizer keeps fp32 masters
+        from megatron.core.transformer.module import Float16Module
+
+        config.pipeline_dtype = torch.bfloat16  # the activations pipeline stages exchange
+        model = Float16Module(config, model)
     if cfg.device == "cuda":  # built on the CPU (use_cpu_initialization); DDP's buffers are on the device
         model.cuda(torch.cuda.current_device())
     ddp = mcfg.distributed_data_parallel_config

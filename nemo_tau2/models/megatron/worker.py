@@ -139,7 +139,7 @@ class MegatronPolicyWorker:
         return batches, real
 
     def _parameters(self) -> dict[str, torch.nn.Parameter]:
-        return dict(self.stack.model.module.named_parameters())
+        return dict(self.stack.gpt_model.named_parameters())
 
     # ---- logprobs and training -------------------------------------------------------------------------------
 
@@ -205,7 +205,7 @@ class MegatronPolicyWorker:
         rank must consume it (the gathers are collectives)."""
         from nemo_tau2.models.megatron.hf_weights import full_hf_state
 
-        state = full_hf_state(self.stack.model.module, self.stack.hf_config)
+        state = full_hf_state(self.stack.gpt_model, self.stack.hf_config)
         if state is None:
             return
         yield from state.items()
@@ -228,7 +228,7 @@ class MegatronPolicyWorker:
         """Rank 0 writes the gathered weights as HF safetensors, the config and the tokenizer (a collective)."""
         from nemo_tau2.models.megatron.hf_weights import save_hf_folder
 
-        if save_hf_folder(self.stack.model.module, self.stack.hf_config, directory) is not None:
+        if save_hf_folder(self.stack.gpt_model, self.stack.hf_config, directory) is not None:
             self.tokenizer.save_pretrained(directory)
 
     # ---- checkpoints -----------------------------------------------------------------------------------------

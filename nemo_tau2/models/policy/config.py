@@ -179,8 +179,8 @@ class PolicyConfig(_Strict):
         default="float32",
         description="The compute dtype (NeMo-RL's mixed precision). float32: everything in fp32 (what the CPU "
         "tests use: comparisons to float tolerance). bfloat16: fp32 master weights, gradients, optimizer state and "
-        "gradient reduction, bf16 forward/backward (FSDP2: parameters gathered in bf16; unsharded: bf16 autocast); "
-        "logprobs and the loss in fp32.",
+        "gradient reduction, bf16 forward/backward (FSDP2: parameters gathered in bf16; unsharded: bf16 autocast; "
+        "Megatron: bf16 weights in Float16Module, the fp32 masters in its optimizer); logprobs and the loss in fp32.",
     )
     logprob_chunk_size: int | None = Field(
         default=None,

@@ -91,11 +91,12 @@ def conversion_tp2(tmp: Path) -> dict:
     }
 
 
-def _training_config(model_dir: Path, tp: int, pp: int, packed: bool = False):
+def _training_config(model_dir: Path, tp: int, pp: int, packed: bool = False, precision: str = "float32"):
     from nemo_tau2.models.policy import PolicyConfig
 
     return PolicyConfig(
         model_name=str(model_dir),
+        precision=precision,
         train_global_batch_size=4,
         train_micro_batch_size=2,
         max_total_sequence_length=64,
@@ -114,7 +115,16 @@ def _training_config(model_dir: Path, tp: int, pp: int, packed: bool = False):
 TRAIN_STEPS = 3
 
 
-def training(tmp: Path, tp: int = 1, pp: int = 1, with_plain_reference: bool = False, packed: bool = False) -> dict:
+def _bf16_representable(model) -> None:
+    """Round the weights to bf16 values (kept fp32): both backends then start from the same weights in bf16, as
+    they do from a released bf16 checkpoint."""
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(param.to(torch.bfloat16).float())
+
+
+def training(tmp: Path, tp: int = 1, pp: int = 1, with_plain_reference: bool = False, packed: bool = False,
+             precision: str = "float32") -> dict:  # fmt: skip
     """3 optimizer steps of the clipped PG loss on 4 episodes with the Megatron backend (and, on request, the same
     with the torch Policy in this process, from the same weights); ``packed``: each micro-batch one packed row."""
     from megatron.core import parallel_state
@@ -128,11 +138,13 @@ def training(tmp: Path, tp: int = 1, pp: int = 1, with_plain_reference: bool = F
 
     tokenizer = build_tiny_tokenizer()
     hf_model, _ = tiny_hf_model("qwen3", vocab_size=len(tokenizer))  # 591: padded to 640 (TP=1) or 768 (TP=2)
+    if precision == "bfloat16":
+        _bf16_representable(hf_model)
     if dist.get_rank() == 0:
         hf_model.save_pretrained(tmp / "hf")
         tokenizer.save_pretrained(tmp / "hf")
     dist.barrier()
-    cfg = _training_config(tmp / "hf", tp, pp, packed)
+    cfg = _training_config(tmp / "hf", tp, pp, packed, precision)
     initialize_megatron(tp, pp, seed=0)
     stack = build_stack(cfg, str(tmp / "hf"))
     pad = tokenizer.pad_token_id
@@ -154,30 +166,32 @@ def training(tmp: Path, tp: int = 1, pp: int = 1, with_plain_reference: bool = F
     valid_toks, valid_seqs = global_normalisers(sequences)
     steps = [train_global_batch(stack, micro, loss_fn, valid_toks, valid_seqs, pad) for _ in range(TRAIN_STEPS)]
     result |= {"losses": [s["loss"] for s in steps], "grad_norms": [s["grad_norm"] for s in steps],
-               "logprobs": logprobs if dp_rank == 0 else None}  # fmt: skip
+               "logprobs": logprobs if dp_rank == 0 else None,
+               "weight_dtypes": sorted({str(p.dtype) for p in stack.gpt_model.parameters()}),
+               "master_dtypes": sorted({str(p.dtype) for group in stack.optimizer.optimizer.param_groups
+                                        for p in group["params"]})}  # fmt: skip
     # the trained weights leave as an HF folder (rank 0 writes it): transformers' logits of it, and Megatron's own
-    exported = save_hf_folder(stack.model.module, stack.hf_config, tmp / "export")
+    exported = save_hf_folder(stack.gpt_model, stack.hf_config, tmp / "export")
     ids, positions = _tokens()
     ids = ids * 5  # spread over the 591-token vocabulary
     if dp_size == dist.get_world_size():  # one whole model per rank: its own logits are comparable
-        result["megatron_logits"] = hf_vocab_logits(
-            _megatron_logits(stack.model.module, ids, positions), stack.hf_config
-        )
+        result["megatron_logits"] = hf_vocab_logits(_megatron_logits(stack.gpt_model, ids, positions), stack.hf_config)
     if exported is not None:
         reloaded = AutoModelForCausalLM.from_pretrained(exported, dtype=torch.float32, attn_implementation="eager")
         with torch.no_grad():
             result["export_logits"] = reloaded(ids).logits
     destroy_megatron()
     if with_plain_reference:
-        result["plain"] = _plain_reference(tmp, hf_model, tokenizer, sequences, loss_fn, packed)
+        result["plain"] = _plain_reference(tmp, hf_model, tokenizer, sequences, loss_fn, packed, precision)
     return result
 
 
-def _plain_reference(tmp: Path, hf_model, tokenizer, sequences, loss_fn, packed: bool) -> dict:
+def _plain_reference(tmp: Path, hf_model, tokenizer, sequences, loss_fn, packed: bool, precision: str) -> dict:
     from nemo_tau2.models.policy import Policy, PolicyConfig
 
     cfg = PolicyConfig(
         model_name=str(tmp / "hf"),
+        precision=precision,
         train_global_batch_size=4,
         train_micro_batch_size=2,
         max_total_sequence_length=64,
@@ -200,6 +214,11 @@ def training_single(tmp: Path) -> dict:
     return training(tmp, with_plain_reference=True)
 
 
+def training_bf16(tmp: Path) -> dict:
+    """The single-process run in bf16 (Float16Module, fp32 masters) beside the torch Policy in bf16 (autocast)."""
+    return training(tmp, with_plain_reference=True, precision="bfloat16")
+
+
 def training_packed(tmp: Path) -> dict:
     return training(tmp, with_plain_reference=True, packed=True)
 
@@ -220,7 +239,7 @@ def training_pp2_packed(tmp: Path) -> dict:
     return training(tmp, pp=2, packed=True)  # 2 packed rows of 39 and 48 tokens: padded to one N
 
 
-def checkpoint_resume(tmp: Path, distributed_optimizer: bool = True) -> dict:
+def checkpoint_resume(tmp: Path, distributed_optimizer: bool = True, precision: str = "float32") -> dict:
     """DP=2 with the distributed optimizer (or a replicated one), an LR warm-up and weight decay: 2 steps, save,
     2 more (the uninterrupted run); then megatron-core's state torn down and a stack built afresh from the HF
     weights loads the checkpoint and takes the same 2 steps."""
@@ -240,7 +259,7 @@ def checkpoint_resume(tmp: Path, distributed_optimizer: bool = True) -> dict:
         hf_model.save_pretrained(tmp / "hf")
         tokenizer.save_pretrained(tmp / "hf")
     dist.barrier()
-    cfg = _training_config(tmp / "hf", 1, 1)
+    cfg = _training_config(tmp / "hf", 1, 1, precision=precision)
     cfg.megatron_cfg.optimizer.weight_decay = 0.1
     cfg.megatron_cfg.optimizer.use_distributed_optimizer = distributed_optimizer
     cfg.megatron_cfg.scheduler.lr_warmup_iters = 6  # the LR of every step depends on the schedule's position
@@ -264,14 +283,14 @@ def checkpoint_resume(tmp: Path, distributed_optimizer: bool = True) -> dict:
     save_megatron_checkpoint(stack, tmp / "ckpt")
     scheduler_state = stack.scheduler.state_dict()
     uninterrupted = steps(stack, 2)
-    weights = {name: p.detach().clone() for name, p in stack.model.module.named_parameters()}
+    weights = {name: p.detach().clone() for name, p in stack.gpt_model.named_parameters()}
     destroy_megatron()
     initialize_megatron(1, 1, seed=0)
     fresh = build_stack(cfg, str(tmp / "hf"))
     load_megatron_checkpoint(fresh, tmp / "ckpt", scheduler_state)
     resumed = steps(fresh, 2)
     max_weight_diff = max(
-        (p.detach() - weights[name]).abs().max().item() for name, p in fresh.model.module.named_parameters()
+        (p.detach() - weights[name]).abs().max().item() for name, p in fresh.gpt_model.named_parameters()
     )
     destroy_megatron()
     return {"before": before, "uninterrupted": uninterrupted, "resumed": resumed, "max_weight_diff": max_weight_diff,
@@ -280,6 +299,12 @@ def checkpoint_resume(tmp: Path, distributed_optimizer: bool = True) -> dict:
 
 def checkpoint_resume_replicated_optimizer(tmp: Path) -> dict:
     return checkpoint_resume(tmp, distributed_optimizer=False)
+
+
+def checkpoint_resume_bf16(tmp: Path) -> dict:
+    """bf16 weights with fp32 masters in the distributed optimizer: a resume that lost the masters (rebuilt from the
+    bf16 weights) would take other steps."""
+    return checkpoint_resume(tmp, precision="bfloat16")
 
 
 def _in_sequence(tmp: Path, names: list[str]) -> dict:
@@ -295,7 +320,7 @@ def _in_sequence(tmp: Path, names: list[str]) -> dict:
 
 
 def one_process(tmp: Path) -> dict:
-    return _in_sequence(tmp, ["conversion_single", "training_single", "training_packed"])
+    return _in_sequence(tmp, ["conversion_single", "training_single", "training_packed", "training_bf16"])
 
 
 def two_processes(tmp: Path) -> dict:
@@ -309,5 +334,6 @@ def two_processes(tmp: Path) -> dict:
             "training_pp2_packed",
             "checkpoint_resume",
             "checkpoint_resume_replicated_optimizer",
+            "checkpoint_resume_bf16",
         ],
     )
