@@ -20,7 +20,8 @@ Per trainer rank (``policy.num_workers`` ranks, on GPUs of ``cluster.gpu_memory_
 - a fixed runtime overhead (CUDA context, NCCL buffers, allocator slack).
 
 With ``policy.megatron_cfg``: a rank of the first pipeline stage, its ``ceil(blocks / PP)`` layers and the vocab
-split over TP, master weights and Adam moments over DP (distributed optimizer), ``PP`` micro-batches in flight (1F1B).
+split over TP, master weights and Adam moments over DP (distributed optimizer), ``PP`` micro-batches in flight (1F1B);
+the reference model in host memory (the worker swaps it in for its logprobs).
 
 Per generation GPU (vLLM): ``gpu_memory_utilization`` of the GPU, minus the weights in ``vllm_cfg.precision`` (over
 ``tensor_parallel_size``) and a workspace, leaves the KV cache; the plan reports how many full
@@ -199,8 +200,9 @@ def _megatron_trainer_plan(
     if c == 2:
         plan.items[f"fp32 master weights (over {over} DP rank(s))"] = 4 * share / over
     plan.items[f"optimizer state (8 B/param, over {over} DP rank(s))"] = 8 * share / over
-    if reference:
-        plan.items["reference model (compute dtype)"] = c * share
+    if reference:  # the worker keeps the initial weights on the host and swaps them in (the current ones out)
+        plan.host_items["reference model (compute dtype, swapped in from host memory)"] = c * share
+        plan.host_items["current weights while the reference is swapped in"] = c * share
     whole, split = _block_activation_parts(m, c)  # whole on every TP rank unless sequence parallelism splits it
     per_layer = (whole + split) / tp if mc.sequence_parallel else whole + split / tp
     tokens = cfg.train_micro_batch_size * cfg.max_total_sequence_length
