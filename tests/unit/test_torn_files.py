@@ -195,9 +195,47 @@ def test_resume_stops_in_one_line_on_a_checkpoint_of_the_other_backend_or_anothe
         resumable_checkpoint(torch_root, megatron, tau2_version="v0.2.1")
     with pytest.raises(ckpt.CheckpointMismatchError, match="written by the Megatron backend") as megatron_into_torch:
         resumable_checkpoint(megatron_root, TORCH_POLICY, tau2_version="v0.2.1")
+    # a layout.json without the optimizer's format (written before it was recorded) holds dp_reshardable shards
     with pytest.raises(ckpt.CheckpointMismatchError, match="data_parallel_size=2 .*, this run has .*parallel_size=1"):
         resumable_checkpoint(megatron_root, _policy(num_workers=1, megatron=True), tau2_version="v0.2.1")
     padded_otherwise = _policy(num_workers=2, megatron=True, megatron_cfg_extra={"make_vocab_size_divisible_by": 64})
     with pytest.raises(ckpt.CheckpointMismatchError, match="make_vocab_size_divisible_by=128 .*, this run has .*=64"):
         resumable_checkpoint(megatron_root, padded_otherwise, tau2_version="v0.2.1")  # its embedding has other rows
     assert "\n" not in str(torch_into_megatron.value) + str(megatron_into_torch.value)
+
+
+def test_a_fully_reshardable_megatron_checkpoint_resumes_in_any_layout_a_dp_reshardable_one_only_in_its_own(tmp_path):
+    """What ``layout.json`` records decides (``megatron_config.layout_refusal``); the loads themselves are
+    ``tests/unit/models/megatron/test_training.py`` and ``test_policy.py``."""
+    from nemo_tau2.models.policy.megatron_config import megatron_layout
+
+    def run(num_workers: int, **megatron_cfg) -> PolicyConfig:
+        return _policy(num_workers=num_workers, megatron=True, megatron_cfg_extra=megatron_cfg)
+
+    dp2 = run(2)
+    written = megatron_layout(dp2.megatron_cfg, 2)
+    assert written["optimizer_format"] == "fully_reshardable" and written["use_distributed_optimizer"]
+    newest = _checkpoint(tmp_path / "reshardable", 2, megatron_layout=written)
+    for other in (run(1), run(2, tensor_model_parallel_size=2), run(4, pipeline_model_parallel_size=2),
+                  run(2, make_vocab_size_divisible_by=64)):  # fmt: skip
+        assert resumable_checkpoint(tmp_path / "reshardable", other, tau2_version="v0.2.1") == newest
+    replicated = run(2, optimizer={"use_distributed_optimizer": False})
+    with pytest.raises(ckpt.CheckpointMismatchError, match="use_distributed_optimizer=true, this run has false"):
+        resumable_checkpoint(tmp_path / "reshardable", replicated, tau2_version="v0.2.1")
+    own_shards = run(2, optimizer={"dist_ckpt_optim_fully_reshardable": False})
+    _checkpoint(tmp_path / "own", 2, megatron_layout=megatron_layout(own_shards.megatron_cfg, 2))
+    assert resumable_checkpoint(tmp_path / "own", own_shards, tau2_version="v0.2.1") is not None
+    with pytest.raises(ckpt.CheckpointMismatchError, match=r"\(dp_reshardable\), this run has tensor_model") as e:
+        resumable_checkpoint(tmp_path / "own", run(2, tensor_model_parallel_size=2), tau2_version="v0.2.1")
+    assert "\n" not in str(e.value) and "dist_ckpt_optim_fully_reshardable=true" in str(e.value)
+    model_space = megatron_layout(replicated.megatron_cfg, 2)
+    _checkpoint(tmp_path / "replicated", 2, megatron_layout=model_space)
+    assert model_space["optimizer_format"] == "model_space"
+    assert (
+        resumable_checkpoint(
+            tmp_path / "replicated",
+            run(2, tensor_model_parallel_size=2, optimizer={"use_distributed_optimizer": False}),
+            tau2_version="v0.2.1",
+        )
+        is not None
+    )

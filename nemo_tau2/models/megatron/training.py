@@ -55,6 +55,7 @@ class MegatronStack:
     optimizer: Any
     scheduler: Any
     make_vocab_size_divisible_by: int  # with TP, what the embedding's rows were padded to (its checkpoints' shape)
+    checkpoint_format: str  # how checkpoints hold the optimizer state (MegatronOptimizerConfig.checkpoint_format)
 
     @property
     def gpt_model(self) -> Any:
@@ -159,6 +160,7 @@ def build_stack(cfg: PolicyConfig, hf_folder: str) -> MegatronStack:
         optimizer=optimizer,
         scheduler=scheduler,
         make_vocab_size_divisible_by=mcfg.make_vocab_size_divisible_by,
+        checkpoint_format=mcfg.optimizer.checkpoint_format,
     )
 
 

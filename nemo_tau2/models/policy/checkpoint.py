@@ -16,9 +16,10 @@ crash mid-save never leaves a ``step_<N>`` that :func:`latest_checkpoint` would 
 ``checkpoint_dir`` must be on a filesystem every rank sees.
 
 The Megatron backend (``policy.megatron_cfg.enabled``) writes ``megatron/`` instead of ``policy/``: megatron-core's
-distributed checkpoint (``metadata.json``, each rank's shards) and ``layout.json``, the TP/PP/DP sizes that wrote
-it, the only layout it loads into. A checkpoint of one backend is refused by the other in one line
-(:class:`CheckpointMismatchError`), as is another Megatron layout.
+distributed checkpoint (``metadata.json``, each rank's shards) and ``layout.json``, the TP/PP/DP sizes and optimizer
+format that wrote it; by default it loads into any TP/PP/DP sizes (``megatron_config.layout_refusal`` says when
+not). A checkpoint of one backend is refused by the other in one line (:class:`CheckpointMismatchError`), as is a
+Megatron checkpoint the run's layout cannot read.
 """
 
 import contextlib
@@ -38,6 +39,8 @@ import torch.distributed.checkpoint as dcp
 from pydantic import BaseModel, ConfigDict, Field
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from nemo_tau2.models.policy.megatron_config import layout_refusal
 
 logger = logging.getLogger(__name__)
 
@@ -152,11 +155,7 @@ class CheckpointMismatchError(ValueError):
     must stop on it, never skip it as incomplete and start afresh."""
 
 
-def _describe(layout: dict[str, int]) -> str:
-    return " ".join(f"{key}={value}" for key, value in sorted(layout.items()))
-
-
-def check_checkpoint_dir(directory: str | Path, megatron_layout: dict[str, int] | None) -> Path:
+def check_checkpoint_dir(directory: str | Path, megatron_layout: dict[str, Any] | None) -> Path:
     """``directory`` as a Path, or a one-line ValueError naming what is missing from it, or a
     :class:`CheckpointMismatchError` when another backend or Megatron layout wrote it. ``megatron_layout``: this
     run's (``megatron_config.megatron_layout``), None for the torch backend."""
@@ -178,13 +177,9 @@ def check_checkpoint_dir(directory: str | Path, megatron_layout: dict[str, int] 
     if missing:
         raise ValueError(f"{str(path)!r} is not a complete checkpoint: missing {missing}")
     if megatron_layout is not None:
-        written = json.loads((path / MEGATRON_DIR / MEGATRON_LAYOUT_FILE).read_text())
-        if written != megatron_layout:
-            raise CheckpointMismatchError(
-                f"{str(path)!r} was written by Megatron ranks {_describe(written)}, this run has "
-                f"{_describe(megatron_layout)}: resume with the policy.megatron_cfg parallel sizes, "
-                "make_vocab_size_divisible_by and policy.num_workers that wrote it"
-            )
+        refusal = layout_refusal(json.loads((path / MEGATRON_DIR / MEGATRON_LAYOUT_FILE).read_text()), megatron_layout)
+        if refusal is not None:
+            raise CheckpointMismatchError(f"{str(path)!r} {refusal}")
     return path
 
 

@@ -253,8 +253,9 @@ class Policy:
         On the number of ranks that wrote it, the next :meth:`train` gives the same result as in the run that
         saved it (bit for bit on CPU). On another number of ranks (or sharded <-> unsharded) the weights and
         optimizer state are resharded exactly; the workers' RNG states are then left as seeded. The Megatron
-        backend loads only the TP/PP/DP layout that wrote it; a checkpoint of the other backend or another layout is
-        a one-line :class:`~nemo_tau2.models.policy.checkpoint.CheckpointMismatchError`.
+        backend reshards its checkpoints into other TP/PP/DP sizes too (unless saved ``dp_reshardable``); a
+        checkpoint of the other backend, or one this Megatron layout cannot read, is a one-line
+        :class:`~nemo_tau2.models.policy.checkpoint.CheckpointMismatchError`.
         """
         path = ckpt.check_checkpoint_dir(checkpoint_dir, megatron_layout(self.cfg.megatron_cfg, self.cfg.num_workers))
         scheduler_state = torch.load(path / ckpt.SCHEDULER_FILE, weights_only=False)  # our own file

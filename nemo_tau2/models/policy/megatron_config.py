@@ -33,6 +33,22 @@ class MegatronOptimizerConfig(_Strict):
     use_distributed_optimizer: bool = Field(
         default=True, description="Shard the optimizer state over the data-parallel ranks (ZeRO-1)."
     )
+    dist_ckpt_optim_fully_reshardable: bool = Field(
+        default=True,
+        description="Save the distributed optimizer's state in model space (megatron-core's 'fully_reshardable': "
+        "each TP/PP shard's state gathered over DP to its DP rank 0's host memory, 12 bytes per parameter of the "
+        "shard), so a checkpoint resumes with any TP/PP/DP sizes and vocabulary padding. false: each rank writes its "
+        "own buffer shard ('dp_reshardable': no gather), and the checkpoint resumes only in the layout that wrote it.",
+    )
+
+    @property
+    def checkpoint_format(self) -> str:
+        """How a checkpoint holds this optimizer's state: ``fully_reshardable`` / ``dp_reshardable`` (distributed,
+        megatron-core's names), or ``model_space`` (a replicated optimizer's state is mapped onto the model's
+        sharded tensors by megatron-core itself)."""
+        if not self.use_distributed_optimizer:
+            return "model_space"
+        return "fully_reshardable" if self.dist_ckpt_optim_fully_reshardable else "dp_reshardable"
 
 
 class MegatronSchedulerConfig(_Strict):
@@ -162,9 +178,14 @@ def check_megatron_architecture(megatron: MegatronConfig, hf_config: Any) -> Non
         )
 
 
-def megatron_layout(megatron: MegatronConfig, num_workers: int) -> dict[str, int] | None:
-    """The TP/PP/DP sizes and the vocabulary padding (the embedding's shape) a Megatron checkpoint records and must
-    be loaded with (None: the torch backend)."""
+LAYOUT_SIZES = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "data_parallel_size",
+                "make_vocab_size_divisible_by")  # fmt: skip
+
+
+def megatron_layout(megatron: MegatronConfig, num_workers: int) -> dict[str, Any] | None:
+    """What a Megatron checkpoint records of the run that wrote it (``layout.json``) and a resume is checked against
+    (:func:`layout_refusal`): the TP/PP/DP sizes, the vocabulary padding (the embedding's shape), whether the
+    optimizer is distributed and the format of its state. None: the torch backend."""
     if not megatron.enabled:
         return None
     return {
@@ -172,4 +193,40 @@ def megatron_layout(megatron: MegatronConfig, num_workers: int) -> dict[str, int
         "pipeline_model_parallel_size": megatron.pipeline_model_parallel_size,
         "data_parallel_size": num_workers // megatron.model_parallel_size,
         "make_vocab_size_divisible_by": megatron.make_vocab_size_divisible_by,
+        "use_distributed_optimizer": megatron.optimizer.use_distributed_optimizer,
+        "optimizer_format": megatron.optimizer.checkpoint_format,
     }
+
+
+def _describe(layout: dict[str, Any], keys: tuple[str, ...]) -> str:
+    return " ".join(f"{key}={layout.get(key)}" for key in keys)
+
+
+def layout_refusal(written: dict[str, Any], mine: dict[str, Any]) -> str | None:
+    """Why a Megatron checkpoint that recorded ``written`` cannot resume in the layout ``mine`` (one line naming the
+    fix), or None when it can.
+
+    The model's shards and a ``fully_reshardable`` or ``model_space`` optimizer state are addressed by each tensor's
+    global shape and offsets, so megatron-core loads them into any TP/PP/DP sizes; the embedding and output rows
+    are loaded with ``allow_shape_mismatch`` (padding rows zero), so another vocabulary padding loads too. A
+    ``dp_reshardable`` state (or a checkpoint from before the format was recorded) is the ranks' own buffer
+    shards: only the sizes that wrote it read them. Switching between a distributed and a replicated optimizer is
+    not something megatron-core's loaders do."""
+    written_format = written.get("optimizer_format", "dp_reshardable")
+    if (
+        "use_distributed_optimizer" in written
+        and written["use_distributed_optimizer"] != mine["use_distributed_optimizer"]
+    ):
+        return (
+            f"was written with policy.megatron_cfg.optimizer.use_distributed_optimizer="
+            f"{str(written['use_distributed_optimizer']).lower()}, this run has "
+            f"{str(mine['use_distributed_optimizer']).lower()}: resume with the setting that wrote it"
+        )
+    if written_format == "dp_reshardable" and any(written.get(key) != mine[key] for key in LAYOUT_SIZES):
+        return (
+            f"holds the optimizer state of Megatron ranks {_describe(written, LAYOUT_SIZES)} as their own shards "
+            f"(dp_reshardable), this run has {_describe(mine, LAYOUT_SIZES)}: resume with the policy.megatron_cfg "
+            "parallel sizes, make_vocab_size_divisible_by and policy.num_workers that wrote it (checkpoints saved "
+            "with megatron_cfg.optimizer.dist_ckpt_optim_fully_reshardable=true load into any layout)"
+        )
+    return None

@@ -239,10 +239,12 @@ def training_pp2_packed(tmp: Path) -> dict:
     return training(tmp, pp=2, packed=True)  # 2 packed rows of 39 and 48 tokens: padded to one N
 
 
-def checkpoint_resume(tmp: Path, distributed_optimizer: bool = True, precision: str = "float32") -> dict:
+def checkpoint_resume(tmp: Path, distributed_optimizer: bool = True, precision: str = "float32",
+                      fully_reshardable: bool = True, resume_in: tuple = ((1, 1),)) -> dict:  # fmt: skip
     """DP=2 with the distributed optimizer (or a replicated one), an LR warm-up and weight decay: 2 steps, save,
-    2 more (the uninterrupted run); then megatron-core's state torn down and a stack built afresh from the HF
-    weights loads the checkpoint and takes the same 2 steps."""
+    2 more (the uninterrupted run); then megatron-core's state torn down and, for each ``(TP, PP)`` of
+    ``resume_in``, a stack built afresh from the HF weights in that layout loads the checkpoint and takes the same
+    2 steps."""
     from megatron.core import parallel_state
 
     from nemo_tau2.algorithms.loss import ClippedPGLossConfig, ClippedPGLossFn
@@ -259,11 +261,16 @@ def checkpoint_resume(tmp: Path, distributed_optimizer: bool = True, precision: 
         hf_model.save_pretrained(tmp / "hf")
         tokenizer.save_pretrained(tmp / "hf")
     dist.barrier()
-    cfg = _training_config(tmp / "hf", 1, 1, precision=precision)
-    cfg.megatron_cfg.optimizer.weight_decay = 0.1
-    cfg.megatron_cfg.optimizer.use_distributed_optimizer = distributed_optimizer
-    cfg.megatron_cfg.scheduler.lr_warmup_iters = 6  # the LR of every step depends on the schedule's position
-    cfg.megatron_cfg.scheduler.lr_decay_iters = 10
+
+    def config(tp: int, pp: int):
+        cfg = _training_config(tmp / "hf", tp, pp, precision=precision)
+        cfg.megatron_cfg.optimizer.weight_decay = 0.1
+        cfg.megatron_cfg.optimizer.use_distributed_optimizer = distributed_optimizer
+        cfg.megatron_cfg.optimizer.dist_ckpt_optim_fully_reshardable = fully_reshardable
+        cfg.megatron_cfg.scheduler.lr_warmup_iters = 6  # the LR of every step depends on the schedule's position
+        cfg.megatron_cfg.scheduler.lr_decay_iters = 10
+        return cfg
+
     pad = tokenizer.pad_token_id
     sequences = make_sequences(4)
     for seq in sequences:
@@ -278,27 +285,40 @@ def checkpoint_resume(tmp: Path, distributed_optimizer: bool = True, precision: 
         return [{"loss": s["loss"], "grad_norm": s["grad_norm"], "lr": s["lr"]} for s in out]
 
     initialize_megatron(1, 1, seed=0)
-    stack = build_stack(cfg, str(tmp / "hf"))
+    stack = build_stack(config(1, 1), str(tmp / "hf"))
     before = steps(stack, 2)
     save_megatron_checkpoint(stack, tmp / "ckpt")
     scheduler_state = stack.scheduler.state_dict()
     uninterrupted = steps(stack, 2)
     weights = {name: p.detach().clone() for name, p in stack.gpt_model.named_parameters()}
     destroy_megatron()
-    initialize_megatron(1, 1, seed=0)
-    fresh = build_stack(cfg, str(tmp / "hf"))
-    load_megatron_checkpoint(fresh, tmp / "ckpt", scheduler_state)
-    resumed = steps(fresh, 2)
-    max_weight_diff = max(
-        (p.detach() - weights[name]).abs().max().item() for name, p in fresh.gpt_model.named_parameters()
-    )
-    destroy_megatron()
-    return {"before": before, "uninterrupted": uninterrupted, "resumed": resumed, "max_weight_diff": max_weight_diff,
-            "files": sorted(p.name for p in (tmp / "ckpt").iterdir())}  # fmt: skip
+    result = {"before": before, "uninterrupted": uninterrupted,
+              "files": sorted(p.name for p in (tmp / "ckpt").iterdir())}  # fmt: skip
+    for tp, pp in resume_in:
+        initialize_megatron(tp, pp, seed=0)
+        fresh = build_stack(config(tp, pp), str(tmp / "hf"))
+        load_megatron_checkpoint(fresh, tmp / "ckpt", scheduler_state)
+        result[f"resumed_tp{tp}_pp{pp}"] = steps(fresh, 2)
+        if (tp, pp) == (1, 1):
+            result["max_weight_diff"] = max(
+                (p.detach() - weights[name]).abs().max().item() for name, p in fresh.gpt_model.named_parameters()
+            )
+        destroy_megatron()
+    return result
 
 
 def checkpoint_resume_replicated_optimizer(tmp: Path) -> dict:
     return checkpoint_resume(tmp, distributed_optimizer=False)
+
+
+def checkpoint_resume_dp_reshardable(tmp: Path) -> dict:
+    return checkpoint_resume(tmp, fully_reshardable=False)
+
+
+def checkpoint_reshard(tmp: Path) -> dict:
+    """The DP=2 checkpoint (fully_reshardable) resumed at TP=2 (its vocabulary padded to 768 rows, not 640) and
+    at PP=2."""
+    return checkpoint_resume(tmp, resume_in=((2, 1), (1, 2)))
 
 
 def checkpoint_resume_bf16(tmp: Path) -> dict:
@@ -334,6 +354,8 @@ def two_processes(tmp: Path) -> dict:
             "training_pp2_packed",
             "checkpoint_resume",
             "checkpoint_resume_replicated_optimizer",
+            "checkpoint_resume_dp_reshardable",
             "checkpoint_resume_bf16",
+            "checkpoint_reshard",
         ],
     )

@@ -3,8 +3,9 @@ packing on) behind the interface the GRPO loop uses gives the torch Policy's (pa
 metrics on the tiny Llama (tied head, 591-token vocabulary), keeps the initial weights as its reference model, and
 exports weights (stream and HF folder) that transformers loads with the trained logits. DP=2 (padded rows), TP=2
 (the vocabulary padded to 768) and PP=2 on 2 actors give the 1-rank logprobs, trajectory and export. A DP=2
-checkpoint resumes in fresh actors with the uninterrupted run's losses and weights; a checkpoint of the other
-backend is refused in one line. In bf16 (1 actor) it trains, keeps its reference and streams bf16 weights.
+checkpoint resumes in fresh actors with the uninterrupted run's losses and weights, and at TP=2 and PP=2; a
+checkpoint of the other backend is refused in one line. In bf16 (1 actor) it trains, keeps its reference and
+streams bf16 weights.
 
 One Ray start for the module: the fixture runs the whole exchange once and the tests read its results.
 """
@@ -112,6 +113,8 @@ def runs(tmp_path_factory) -> dict:
             with Policy(_config(True, num_workers=2, **sizes), model=copy.deepcopy(tiny.model),
                         tokenizer=tiny.tokenizer) as split:  # fmt: skip
                 splits[name] = _exchange(split, tmp_path_factory.mktemp(name))
+                split.load_checkpoint(saved)  # the DP=2 checkpoint in this layout (TP=2: 768 vocabulary rows)
+                splits[name]["resumed"] = _two_more_steps(split)
         # fresh actors (fresh processes) from the initial weights, as a resumed run builds them
         with Policy(_config(True, num_workers=2), model=copy.deepcopy(tiny.model), tokenizer=tiny.tokenizer) as again:
             trainer_state = again.load_checkpoint(saved)
@@ -228,6 +231,18 @@ def test_a_dp2_checkpoint_resumes_in_fresh_actors_with_the_uninterrupted_losses_
     assert {"megatron/metadata.json", "megatron/layout.json", "scheduler.pt", "rng_state.pt",
             "hf_config/config.json", "trainer_state.json"} <= set(runs["checkpoint"])  # fmt: skip
     assert not any(name.startswith("policy") for name in runs["checkpoint"])
+
+
+@pytest.mark.parametrize("split", sorted(SPLITS))
+def test_the_dp2_checkpoint_resumes_at_tp2_and_pp2_with_the_uninterrupted_losses_and_weights(runs, split):
+    """Resharded on load (``fully_reshardable``, the default): to float rounding, sums being ordered otherwise."""
+    resumed, uninterrupted = runs[split]["resumed"], runs["uninterrupted"]
+    for got, expected in zip(resumed["metrics"], uninterrupted["metrics"], strict=True):
+        assert got["loss"] == pytest.approx(expected["loss"], abs=LOSS_TOLERANCE)
+        assert got["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-5)
+        assert got["lr"] == expected["lr"]
+    for name, tensor in resumed["weights"].items():
+        assert (tensor - uninterrupted["weights"][name]).abs().max().item() < 1e-5, name
 
 
 def test_a_checkpoint_of_the_other_backend_is_refused_in_one_line(runs):
