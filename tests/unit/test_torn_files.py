@@ -188,8 +188,13 @@ def test_resume_stops_in_one_line_on_a_checkpoint_of_the_other_backend_or_anothe
     _checkpoint(torch_root, 1)
     newest = _checkpoint(megatron_root, 2, megatron_layout=layout)
     _checkpoint(megatron_root, 3, megatron_layout=layout, without=f"{ckpt.MEGATRON_DIR}/{ckpt.MEGATRON_LAYOUT_FILE}")
+    torn = _checkpoint(megatron_root, 4, megatron_layout=layout)  # its layout.json cut short
+    layout_file = torn / ckpt.MEGATRON_DIR / ckpt.MEGATRON_LAYOUT_FILE
+    layout_file.write_bytes(layout_file.read_bytes()[:20])
     found = resumable_checkpoint(megatron_root, megatron, tau2_version="v0.2.1")
-    assert found == newest  # step_3 is incomplete: skipped
+    assert found == newest  # step_3 and step_4 are incomplete: skipped
+    with pytest.raises(ValueError, match=r"is not a complete checkpoint: layout.json is not a JSON object$"):
+        ckpt.check_checkpoint_dir(torn, layout)
     expected = r"written by the torch backend \(policy/\), this run trains with the Megatron backend \(policy.megatron"
     with pytest.raises(ckpt.CheckpointMismatchError, match=expected) as torch_into_megatron:
         resumable_checkpoint(torch_root, megatron, tau2_version="v0.2.1")

@@ -177,7 +177,14 @@ def check_checkpoint_dir(directory: str | Path, megatron_layout: dict[str, Any] 
     if missing:
         raise ValueError(f"{str(path)!r} is not a complete checkpoint: missing {missing}")
     if megatron_layout is not None:
-        refusal = layout_refusal(json.loads((path / MEGATRON_DIR / MEGATRON_LAYOUT_FILE).read_text()), megatron_layout)
+        layout_file = path / MEGATRON_DIR / MEGATRON_LAYOUT_FILE
+        try:
+            written = json.loads(layout_file.read_text())
+        except (ValueError, UnicodeDecodeError):
+            written = None
+        if not isinstance(written, dict):
+            raise ValueError(f"{str(path)!r} is not a complete checkpoint: {layout_file.name} is not a JSON object")
+        refusal = layout_refusal(written, megatron_layout)
         if refusal is not None:
             raise CheckpointMismatchError(f"{str(path)!r} {refusal}")
     return path
