@@ -41,7 +41,7 @@ import torch.distributed as dist
 
 from nemo_tau2.models.megatron.model import hf_vocab_logits
 from nemo_tau2.models.policy.config import PolicyConfig
-from nemo_tau2.models.policy.data import PackedRow, TrainingBatch, next_token_entropy, token_logprobs
+from nemo_tau2.models.policy.data import TrainingBatch, next_token_entropy, token_logprobs
 from nemo_tau2.models.policy.interfaces import LossFunction
 
 
@@ -222,19 +222,7 @@ def _same_packed_width(batches: list[TrainingBatch], pad_token_id: int) -> list[
     """Every packed row right-padded to the longest ``N`` of the list: the padding is a sequence of its own
     (position ids from 0) that the ``[B, T]`` frame never reads. The ``[B, T]`` tensors stay as they are."""
     width = max(batch.packed.input_ids.shape[1] for batch in batches)
-    out = []
-    for batch in batches:
-        row, extra = batch.packed, width - batch.packed.input_ids.shape[1]
-        if extra:
-            padding = torch.full((1, extra), pad_token_id, dtype=row.input_ids.dtype)
-            row = PackedRow(
-                input_ids=torch.cat([row.input_ids, padding], 1),
-                position_ids=torch.cat([row.position_ids, torch.arange(extra)[None]], 1),
-                flat_index=row.flat_index,
-                in_frame=row.in_frame,
-            )
-        out.append(TrainingBatch(**{**vars(batch), "packed": row}))
-    return out
+    return [TrainingBatch(**{**vars(batch), "packed": batch.packed.widened(width, pad_token_id)}) for batch in batches]
 
 
 def same_shape(batches: list[TrainingBatch], pad_token_id: int) -> list[TrainingBatch]:

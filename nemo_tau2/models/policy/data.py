@@ -150,6 +150,21 @@ class PackedRow:
     def to(self, device: torch.device | str) -> "PackedRow":
         return PackedRow(*(tensor.to(device) for tensor in vars(self).values()))
 
+    def widened(self, width: int, pad_token_id: int) -> "PackedRow":
+        """The row right-padded to ``width`` tokens: the padding is a segment of its own (position ids from 0), which
+        the ``[B, T]`` frame never reads."""
+        extra = width - self.input_ids.shape[1]
+        if extra <= 0:
+            return self
+        padding = torch.full((1, extra), pad_token_id, dtype=self.input_ids.dtype, device=self.input_ids.device)
+        positions = torch.arange(extra, dtype=self.position_ids.dtype, device=self.position_ids.device)[None]
+        return PackedRow(
+            input_ids=torch.cat([self.input_ids, padding], 1),
+            position_ids=torch.cat([self.position_ids, positions], 1),
+            flat_index=self.flat_index,
+            in_frame=self.in_frame,
+        )
+
 
 @dataclass
 class TrainingBatch:
@@ -219,20 +234,19 @@ def pack_row(
 ) -> PackedRow:
     """Concatenate sequences into one row (rounded up to ``multiple`` tokens) with per-sequence position ids."""
     width = max(lengths)
-    total = sum(lengths)
-    padding = _round_up(total, multiple) - total
-    ids = [token for row in token_ids for token in row] + [pad_token_id] * padding
-    positions = [t for n in lengths for t in range(n)] + list(range(padding))
+    ids = [token for row in token_ids for token in row]
+    positions = [t for n in lengths for t in range(n)]
     starts = torch.tensor([0, *lengths[:-1]]).cumsum(0)
     offsets = torch.arange(width)
     lengths_t = torch.tensor(list(lengths))
     inside = offsets[None, :] < lengths_t[:, None]
-    return PackedRow(
+    row = PackedRow(
         input_ids=torch.tensor([ids], dtype=torch.long),
         position_ids=torch.tensor([positions], dtype=torch.long),
         flat_index=torch.where(inside, starts[:, None] + offsets[None, :], 0),
         in_frame=inside & (offsets[None, :] > 0),
     )
+    return row.widened(_round_up(len(ids), multiple), pad_token_id)
 
 
 def collate(
