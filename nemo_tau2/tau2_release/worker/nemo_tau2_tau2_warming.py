@@ -115,7 +115,6 @@ class GoldWarming:
         """A verify of the task is next: take its warm-up's hashes if it is running, else drop it from the queue."""
         key = (domain, str(task_id))
         self._queued.pop(key, None)
-        self._to_settle.pop(key, None)  # the verify takes the faults itself
         for fd, child in list(self._children.items()):
             if child.key != key:
                 continue
@@ -129,6 +128,7 @@ class GoldWarming:
                 readable, _, _ = select.select([fd], [], [], remaining)
                 if readable:
                     self.on_readable(fd)
+        self._to_settle.pop(key, None)  # the verify takes the faults itself
 
     def close(self) -> None:
         for fd in list(self._children):
