@@ -109,13 +109,20 @@ class Tau2Worker:
             ready, _, _ = select.select([self._answers], [], [], max(deadline - time.monotonic(), 0))
             chunk = os.read(self._answers, 1 << 20) if ready else None
             if not chunk:
-                code = self._process.poll()
-                state = f"exited with status {code}" if chunk == b"" else f"gave no answer in {timeout_s:.0f} s"
+                state = self._exit_state() if chunk == b"" else f"gave no answer in {timeout_s:.0f} s"
                 raise Tau2WorkerError(f"tau2 {self.config.version} worker {state} while {doing} (its stderr says why)")
             self._pending += chunk
         line = bytes(self._pending[:end])
         del self._pending[: end + 1]
         return json.loads(line)
+
+    def _exit_state(self, wait_s: float = 1.0) -> str:
+        """How the worker ended, once its answers closed: a process is reaped a moment after its pipes close, so
+        its exit status is waited for (up to ``wait_s``) rather than read at once (``poll()`` then says None)."""
+        try:
+            return f"exited with status {self._process.wait(timeout=wait_s)}"
+        except subprocess.TimeoutExpired:
+            return f"closed its output and was still running {wait_s:.0f} s later"
 
     def request(self, op: str, timeout_s: float = 600.0, **args: Any) -> Any:
         """One request; returns its result or raises the error type its answer names."""

@@ -8,11 +8,20 @@ verify. What ``parse_data`` returns is a function of its arguments alone (the si
 predefined arguments): the memo calls tau2's own ``parse_data`` once per distinct argument triple and hands each
 later call a fresh dict of the same values. Its models are classes that nothing mutates (``openai_schema`` and the
 tool types read them); its lists are copied by the ``Tool``'s own validation.
+
+``evaluate_simulation`` builds a fresh environment on every score only to read its tools' types
+(``get_tool_types``: a ``Tool`` per tool, ~1 ms a verify for telecom's 40-odd tools). A tool's type is an attribute
+its decorator set on the toolkit class's method, and the tool list is the class's (``ToolKitType`` collects it at
+class creation), so the answer is a function of the toolkit's class: tau2's own ``get_tool_types`` runs once per
+class and each call gets a fresh dict of its answer (``evaluate_simulation`` updates the dict it gets). A toolkit
+whose instance shadows one of its tools (none of tau2's does) is asked afresh.
 """
 
+import tau2.evaluator.evaluator as evaluator
 from tau2.environment.tool import Tool
 
 _parsed: dict = {}
+_tool_types: dict = {}
 
 
 def memoise_tool_parsing() -> None:
@@ -33,3 +42,20 @@ def memoise_tool_parsing() -> None:
 
     parse_data.nemo_tau2_memoised = True
     Tool.parse_data = classmethod(parse_data)
+
+
+def memoise_tool_types() -> None:
+    """Have ``evaluate_simulation`` read tool types through tau2's ``get_tool_types`` memoised by toolkit class."""
+    tau2_get_tool_types = evaluator.get_tool_types
+    if getattr(tau2_get_tool_types, "nemo_tau2_memoised", False):
+        return
+
+    def get_tool_types(tools):
+        if set(vars(tools)) & set(tools._func_tools):  # an instance-level tool: not the class's answer
+            return tau2_get_tool_types(tools)
+        if type(tools) not in _tool_types:
+            _tool_types[type(tools)] = tau2_get_tool_types(tools)
+        return dict(_tool_types[type(tools)])
+
+    get_tool_types.nemo_tau2_memoised = True
+    evaluator.get_tool_types = get_tool_types

@@ -9,7 +9,8 @@ stderr first). Everything version-specific comes from the release through its pu
 NL-assertion judge included, pointed at the endpoint the run configures). Every environment, the three that
 ``evaluate_simulation`` builds per score included, is tau2's own constructor fed a fork of one DB snapshot per
 domain (``nemo_tau2_tau2_snapshots``), instead of the DB file read again, a tool's specification is parsed
-from its docstring once per process (``nemo_tau2_tau2_tool_specs``), and ``warm`` has a forked child hash a task's
+from its docstring once per process and the tool types the evaluator reads once per toolkit class
+(``nemo_tau2_tau2_tool_specs``), and ``warm`` has a forked child hash a task's
 gold DB with tau2's code while its episode is played (``nemo_tau2_tau2_warming``), so the verify finds it memoised.
 
 Answers: ``{"id", "ok": true, "result"}`` or ``{"id", "ok": false, "kind", "error"}`` where ``kind`` is
@@ -35,7 +36,7 @@ logger.add(sys.stderr, level=os.environ.get("NEMO_TAU2_TAU2_LOG_LEVEL", "ERROR")
 
 import tau2.evaluator.evaluator_nl_assertions as nl_assertions  # noqa: E402
 from nemo_tau2_tau2_snapshots import DomainSnapshots  # noqa: E402
-from nemo_tau2_tau2_tool_specs import memoise_tool_parsing  # noqa: E402
+from nemo_tau2_tau2_tool_specs import memoise_tool_parsing, memoise_tool_types  # noqa: E402
 from nemo_tau2_tau2_warming import GoldWarming  # noqa: E402
 from tau2.agent.llm_agent import AGENT_INSTRUCTION, SYSTEM_PROMPT  # noqa: E402
 from tau2.data_model.message import AssistantMessage, ToolCall, ToolMessage, UserMessage  # noqa: E402
@@ -62,6 +63,7 @@ _tasks: dict[str, dict] = {}
 _episodes: dict[str, dict] = {}
 _snapshots = DomainSnapshots()
 memoise_tool_parsing()
+memoise_tool_types()
 
 
 def _warm_gold(domain: str, task_id: str) -> None:

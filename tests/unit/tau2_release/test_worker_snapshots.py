@@ -160,6 +160,11 @@ def test_a_warm_up_holds_up_no_other_episode_and_its_task_s_verify_takes_its_has
     worker.request("warm", domain="airline", task_id=other)
     while worker.request("warming")["running"] or worker.request("warming")["queued"]:
         time.sleep(0.01)
+    deadline, warming = time.monotonic() + 10, worker.request("warming")
+    while warming["settled"] == after["settled"] and time.monotonic() < deadline:  # the parent replays it when idle
+        time.sleep(0.01)
+        warming = worker.request("warming")
+    assert warming["settled"] > after["settled"] and warming["hashed"] == after["hashed"]  # memo hits only
     assert _oracle(worker, tasks, other)["reward"] == 1.0
     crossed = worker.score("airline", task_id, _oracle(worker, tasks, other)["messages"], "user_stop")
     assert crossed["reward"] == 0.0 and crossed["reward_info"]["db_check"]["db_match"] is False
