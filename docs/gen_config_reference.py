@@ -235,7 +235,9 @@ def render(roots: list[tuple[str, str, type[BaseModel]]]) -> tuple[str, list[str
             if limits := _constraints(info):
                 type_text += f" ({limits})"
             owner = _owner(model, name)
-            description = _cell(info.description or "")
+            # a block without a description of its own is described by its class's docstring
+            blocks_doc = next((_doc(block) for block in _models_in(info.annotation) if _doc(block)), "")
+            description = _cell(info.description or blocks_doc)
             if not owner.__module__.startswith(("nemo_tau2", "_run_pipeline")):
                 description = (description + " " if description else "") + f"(NeMo-Gym's `{owner.__name__}`)"
             elif not description:
