@@ -24,7 +24,7 @@ log-softmax 1,024 positions at a time, the reference model, ``get_logprobs`` + `
 One JSON line per shape, then the summary (last line) with the memory plan's calibration: ``--write-calibration
 FILE`` stores it (``nemo_tau2/models/memory_calibration.py``). ``--dry-run`` runs the same path on CPU in fp32, a
 tiny Qwen3 shape (CI). Import closure: the trainer core (torch, transformers, pydantic, megatron-core; no Ray,
-NeMo-Gym, tau2, vLLM, omegaconf or litellm), so it runs on a torch-only machine (README: "The GPU kit").
+NeMo-Gym, tau2, vLLM, omegaconf or litellm), so it runs on a torch-only machine (docs/gpu-kit.md).
 
     python bench/gpu_check.py --dry-run
     python bench/gpu_check.py --shapes 0.6b,1.7b --out gpu_check.jsonl --write-calibration calibration.json

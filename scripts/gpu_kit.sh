@@ -5,8 +5,8 @@
 #
 # Downloads scripts/gpu_kit_requirements.txt for CPython 3.12 on manylinux x86-64 (binary wheels only, no
 # dependencies resolved: the list is complete, tests/unit/test_gpu_kit.py checks it) and fails if the folder holds
-# more than 20 MiB (a GPU loan carries 64 MiB at most, the repository included). On the GPU machine (README: "The
-# GPU kit"):
+# more than 20 MiB (a GPU loan carries 64 MiB at most, the repository included). On the GPU machine
+# (docs/gpu-kit.md, "The GPU kit"):
 #
 #   pip install --no-index --target /tmp/gpu_kit gpu_kit_wheels/*.whl
 #   PYTHONPATH=/tmp/gpu_kit:$PWD python bench/gpu_check.py --out gpu_check.jsonl --write-calibration calibration.json

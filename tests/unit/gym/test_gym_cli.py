@@ -1,4 +1,4 @@
-"""Our Gym servers under NeMo-Gym's own CLI, typed as the README's "Under NeMo-Gym's CLI" types it: in a clean copy
+"""Our Gym servers under NeMo-Gym's own CLI, typed as docs/nemo-gym-cli.md types it: in a clean copy
 of the repository (what CI checks out), an ``env.yaml`` with the policy and user endpoints (the scripted fake
 server), ``ng_run`` with NeMo-Gym's default per-server virtualenvs (built from each folder's requirements.txt),
 then ``ng_collect_rollouts`` and ``gym eval run --no-serve`` over the example rows. A start that fails leaves no
