@@ -11,10 +11,12 @@ Per trainer rank (``policy.num_workers`` ranks, on GPUs of ``cluster.gpu_memory_
   copy of every weight;
 - the reference model (KL penalty): compute dtype, sharded like the policy (host memory with ``cpu_offload``), a
   full fp32 copy for replicas;
+- AdamW's step temporaries (GPU): the foreach implementation allocates one fp32 tensor per parameter (the root
+  of the second moment), which the CUDA caching allocator then keeps reserved beside the next step's activations;
 - activations of one training micro-batch of ``T`` tokens (``train_micro_batch_size x
   max_total_sequence_length``, or ``sequence_packing.train_mb_tokens``): what autograd keeps per token and block
   for a Llama/Qwen block with fused attention (no ``T x T`` scores), all blocks, or with activation checkpointing
-  each block's input plus one block's worth being recomputed;
+  each block's input plus the part of one block's worth being recomputed that is live at the peak;
 - logits: ``T x vocab`` in the compute dtype and their gradient, plus the fp32 log-softmax (and the no-grad entropy
   metric) over ``T`` positions at once or ``logprob_chunk_size`` with chunking;
 - a fixed runtime overhead (CUDA context, NCCL buffers, allocator slack).
@@ -29,10 +31,11 @@ Per generation GPU (vLLM): ``gpu_memory_utilization`` of the GPU, minus the weig
 (``vllm_cfg.device: cpu``) takes no GPU: per replica its weights plus ``cpu_kvcache_space_gb`` of host memory, which
 CPU trainer ranks then share with it.
 
-These are estimates from first principles, not measurements (no GPU has run them here); they err on the side of
-more memory. ``bench/gpu_check.py`` measures them on a GPU and suggests the two constants below that a measurement
-corrects (``RUNTIME_OVERHEAD_BYTES``, ``TOKEN_BYTES_SCALE``). A config that cannot fit is refused at start-up naming
-the settings that would make it fit.
+The terms are first principles (what each tensor is, its dtype and count); the constants below measured on one
+H200 (``bench/gpu_check.py``, records in ``shared/measurements/``) say how much of each is live at the peak the
+allocator reserves. ``tests/unit/models/test_memory_calibration.py`` holds the plan to those records: no ladder point
+more than 3% over its estimate, none more than 10% under. A config that cannot fit is refused at start-up naming the
+settings that would make it fit.
 """
 
 import logging
@@ -47,12 +50,25 @@ from nemo_tau2.models.policy.config import PolicyConfig
 logger = logging.getLogger(__name__)
 
 GB = 1e9
-# Constants a GPU measurement corrects (bench/gpu_check.py --write-calibration; README: "The GPU kit"). Measured on:
-# no GPU yet (first principles). When corrected, name the card, date and commit here and in BENCHMARKS.md.
-RUNTIME_OVERHEAD_BYTES = 3 * GB
-"""CUDA context, NCCL communicators and allocator fragmentation, per GPU."""
+# Measured constants: one NVIDIA H200, torch 2.11 + transformers 5.17, bench/gpu_check.py at 0ec1e71, 2026-11-27
+# (shared/measurements/gpu_check_h200_2026-11-27.jsonl: Qwen3 0.6B..8B, 4k..64k-token micro-batches, activation
+# checkpointing on and off). Fitted by a linear program that keeps every ladder point in [-3%, +10%] of its estimate
+# (the largest margin: 0.3%); the first principles (2 bytes per logit and 2 per logit gradient in bf16, a block's
+# input per token and layer under checkpointing) held as they are. To recalibrate: README "The GPU kit".
+RUNTIME_OVERHEAD_BYTES = 2.25 * GB
+"""CUDA context, NCCL communicators, cuBLAS workspace and the fp32 log-softmax chunks' cache, per GPU."""
+OPTIMIZER_STEP_BYTES_PER_PARAM = 3.5
+"""AdamW's foreach step: one fp32 temporary per parameter (4 bytes), of which the allocator keeps 3.5 reserved on
+average beside the next step's activations (some of its blocks are reused for them)."""
+CHECKPOINT_RECOMPUTE_FRACTION = 0.3
+"""With activation checkpointing: the share of one block's activations (being recomputed) live at the peak, which
+falls at the start of the backward pass, while the logits' gradient is live."""
+ACTIVATION_BYTES_SCALE = 1.175
+"""Without checkpointing: measured over first-principles activations per token and block (RoPE's rotated copies,
+dtype casts and the attention kernel's saved statistics the first-principles count leaves out)."""
 TOKEN_BYTES_SCALE = 1.0
-"""Measured over estimated bytes of what grows with the micro-batch's tokens (activations, logits)."""
+"""Measured over estimated bytes of what grows with the micro-batch's tokens (activations, logits): a correction a
+future measurement suggests (``memory_calibration``), 1.0 while the constants above hold."""
 VLLM_WORKSPACE_BYTES = 4 * GB
 """vLLM's activation workspace and CUDA graphs outside the KV cache, per GPU."""
 GIB = 2**30
@@ -160,6 +176,8 @@ def trainer_plan(cfg: PolicyConfig, m: ModelShape, *, reference: bool, budget: t
         ) * c + m.block_parameters * (c + 4)
     elif c == 2:
         plan.items["bf16 autocast copies of the weights"] = 2 * p
+    if on_gpu and not offload and optimizer_bytes:
+        plan.items["AdamW step temporaries (foreach, kept reserved)"] = OPTIMIZER_STEP_BYTES_PER_PARAM * share
     if reference:
         if sharded:
             (plan.host_items if offload else plan.items)["reference model (compute dtype)"] = c * share
@@ -172,10 +190,10 @@ def trainer_plan(cfg: PolicyConfig, m: ModelShape, *, reference: bool, budget: t
     )
     per_block = _activation_bytes_per_token_per_block(m, c)
     if cfg.activation_checkpointing:
-        activations = tokens * (m.num_blocks * c * m.hidden_size + per_block)
-        label = f"activations, {tokens} tokens (checkpointed: block inputs + 1 block)"
+        activations = tokens * (m.num_blocks * c * m.hidden_size + CHECKPOINT_RECOMPUTE_FRACTION * per_block)
+        label = f"activations, {tokens} tokens (checkpointed: block inputs + part of 1 block)"
     else:
-        activations = tokens * m.num_blocks * per_block
+        activations = tokens * m.num_blocks * per_block * ACTIVATION_BYTES_SCALE
         label = f"activations, {tokens} tokens ({m.num_blocks} blocks)"
     chunk = min(cfg.logprob_chunk_size or tokens, tokens)
     logits = tokens * m.vocab_size * (2 * c) + chunk * m.vocab_size * 12  # logits + grad; fp32 chunk + entropy
