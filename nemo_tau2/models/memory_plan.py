@@ -31,44 +31,26 @@ Per generation GPU (vLLM): ``gpu_memory_utilization`` of the GPU, minus the weig
 (``vllm_cfg.device: cpu``) takes no GPU: per replica its weights plus ``cpu_kvcache_space_gb`` of host memory, which
 CPU trainer ranks then share with it.
 
-The terms are first principles (what each tensor is, its dtype and count); the constants below measured on one
-H200 (``bench/gpu_check.py``, records in ``shared/measurements/``) say how much of each is live at the peak the
-allocator reserves. ``tests/unit/models/test_memory_calibration.py`` holds the plan to those records: no ladder point
-more than 3% over its estimate, none more than 10% under. A config that cannot fit is refused at start-up naming the
-settings that would make it fit.
+The terms are first principles; how much of each is live at the allocator's peak comes from a GPU's measurements
+(:mod:`nemo_tau2.models.memory_constants`). A config that cannot fit is refused at start-up, naming what would fit.
 """
 
-import logging
 import math
 import os
 from dataclasses import dataclass, field
 
 from nemo_tau2.cluster import ClusterConfig
+from nemo_tau2.models.memory_constants import (
+    ACTIVATION_BYTES_SCALE,
+    CHECKPOINT_RECOMPUTE_FRACTION,
+    OPTIMIZER_STEP_BYTES_PER_PARAM,
+    RUNTIME_OVERHEAD_BYTES,
+    TOKEN_BYTES_SCALE,
+)
 from nemo_tau2.models.model_shape import ModelShape
 from nemo_tau2.models.policy.config import PolicyConfig
 
-logger = logging.getLogger(__name__)
-
 GB = 1e9
-# Measured constants: one NVIDIA H200, torch 2.11 + transformers 5.17, bench/gpu_check.py at 0ec1e71, 2026-11-27
-# (shared/measurements/gpu_check_h200_2026-11-27.jsonl: Qwen3 0.6B..8B, 4k..64k-token micro-batches, activation
-# checkpointing on and off). Fitted by a linear program that keeps every ladder point in [-3%, +10%] of its estimate
-# (the largest margin: 0.3%); the first principles (2 bytes per logit and 2 per logit gradient in bf16, a block's
-# input per token and layer under checkpointing) held as they are. To recalibrate: README "The GPU kit".
-RUNTIME_OVERHEAD_BYTES = 2.25 * GB
-"""CUDA context, NCCL communicators, cuBLAS workspace and the fp32 log-softmax chunks' cache, per GPU."""
-OPTIMIZER_STEP_BYTES_PER_PARAM = 3.5
-"""AdamW's foreach step: one fp32 temporary per parameter (4 bytes), of which the allocator keeps 3.5 reserved on
-average beside the next step's activations (some of its blocks are reused for them)."""
-CHECKPOINT_RECOMPUTE_FRACTION = 0.3
-"""With activation checkpointing: the share of one block's activations (being recomputed) live at the peak, which
-falls at the start of the backward pass, while the logits' gradient is live."""
-ACTIVATION_BYTES_SCALE = 1.175
-"""Without checkpointing: measured over first-principles activations per token and block (RoPE's rotated copies,
-dtype casts and the attention kernel's saved statistics the first-principles count leaves out)."""
-TOKEN_BYTES_SCALE = 1.0
-"""Measured over estimated bytes of what grows with the micro-batch's tokens (activations, logits): a correction a
-future measurement suggests (``memory_calibration``), 1.0 while the constants above hold."""
 VLLM_WORKSPACE_BYTES = 4 * GB
 """vLLM's activation workspace and CUDA graphs outside the KV cache, per GPU."""
 GIB = 2**30
