@@ -21,8 +21,10 @@ log-softmax 1,024 positions at a time, the reference model, ``get_logprobs`` + `
 - **Megatron** (``--backends``; default ``torch,megatron``): the Megatron backend's step at the timed micro-batch from
   the same initial weights, its logprobs against the torch path's (``megatron_*`` fields, ``gpu_check_megatron.py``).
 
-One JSON line per shape, then the summary (last line) with the memory plan's calibration: ``--write-calibration
-FILE`` stores it (``nemo_tau2/models/memory_calibration.py``). ``--dry-run`` runs the same path on CPU in fp32, a
+One JSON line per shape, written whole and flushed as the shape completes (a run killed later keeps it), then the
+summary (last line) with the memory plan's calibration: ``--write-calibration FILE`` stores it
+(``nemo_tau2/models/memory_calibration.py``). ``--budget-s`` (default 480) skips the units of work that would overrun
+it, naming them in the record's ``skipped`` (``gpu_check_run.py``). ``--dry-run`` runs the same path on CPU in fp32, a
 tiny Qwen3 shape (CI). Import closure: the trainer core (torch, transformers, pydantic, megatron-core; no Ray,
 NeMo-Gym, tau2, vLLM, omegaconf or litellm), so it runs on a torch-only machine (docs/gpu-kit.md).
 
@@ -31,7 +33,6 @@ NeMo-Gym, tau2, vLLM, omegaconf or litellm), so it runs on a torch-only machine 
 """
 
 import argparse
-import contextlib
 import datetime
 import functools
 import gc
@@ -39,22 +40,21 @@ import json
 import math
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 from gpu_check_generation import generation_speed
 from gpu_check_megatron import HEADER, MEGATRON_SUMMARY, measure_megatron, megatron_columns, megatron_missing
+from gpu_check_run import Budget, PeakMemory, project_commit
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import nemo_tau2  # noqa: F401  (offline settings first)
 from nemo_tau2.algorithms.loss import ClippedPGLossConfig, ClippedPGLossFn
 from nemo_tau2.generation.tiny_model import build_tiny_tokenizer
-from nemo_tau2.models.memory_calibration import PeakMeasurement, calibration_report
+from nemo_tau2.models.memory_calibration import PeakMeasurement, calibration_report, kit_policy_config, with_blocks
 from nemo_tau2.models.memory_plan import GB, ClusterConfig, make_plan
 from nemo_tau2.models.model_shape import ModelShape, find_model_config, model_shape
 from nemo_tau2.models.policy import Policy, PolicyConfig, TrainingSequence
@@ -69,44 +69,15 @@ PEAK_BF16_TFLOPS = {"H100 PCIe": 756.0, "H100": 989.0, "H200": 989.0}  # dense; 
 LENGTHS = Path(__file__).parent / "data" / "tau2_test_episode_lengths.json"
 # The recipes' loss (examples/configs/grpo_tau2_qwen3_4b.yaml) and sizes.
 LOSS = ClippedPGLossFn(ClippedPGLossConfig(ratio_clip_max=0.28, use_importance_sampling_correction=True))
-GPU = {"max_len": 32768, "budgets": (4096, 8192, 16384, 32768, 65536), "chunk": 1024, "gen": (1024, 128)}
-DRY_RUN = {"max_len": 128, "budgets": (128, 256), "chunk": 32, "gen": (16, 4)}
+# megatron_tokens: the Megatron step's largest micro-batch (its packed rows use a dense N x N mask: at 16k tokens its
+# step took 7x the torch path's on the H200)
+GPU = {"max_len": 32768, "budgets": (4096, 8192, 16384, 32768, 65536), "chunk": 1024, "gen": (1024, 128),
+       "megatron_tokens": 8192}  # fmt: skip
+DRY_RUN = {"max_len": 128, "budgets": (128, 256), "chunk": 32, "gen": (16, 4), "megatron_tokens": 128}
 ERRORS = {"error", "timed_error", "generation_error", "megatron_error"}  # a shape with any of them failed
 TINY_QWEN3 = {"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
               "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 1024,
               "max_position_embeddings": 4096, "tie_word_embeddings": True}  # fmt: skip
-
-
-class PeakMemory:
-    """Peak bytes over a window. GPU: the caching allocator's peak reservation plus what the process holds outside
-    it (context, NCCL, cuBLAS workspace). CPU (dry run): peak resident set (Linux VmHWM, reset through
-    ``/proc/self/clear_refs``) above the resident set before any model was built; host figures, for the mechanism."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.baseline = 0 if device.type == "cuda" else self._status("VmRSS")
-
-    @staticmethod
-    def _status(key: str) -> int:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-        raise RuntimeError(f"/proc/self/status has no {key}")
-
-    def start(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        else:
-            Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current resident set
-
-    def peak(self) -> float:
-        if self.device.type != "cuda":
-            return float(self._status("VmHWM") - self.baseline)
-        torch.cuda.synchronize()
-        free, total = torch.cuda.mem_get_info()
-        outside = max(total - free - torch.cuda.memory_reserved(), 0)
-        return float(torch.cuda.max_memory_reserved() + outside)
 
 
 def episodes(budget: int, max_len: int, vocab: int, seed: int) -> list[TrainingSequence]:
@@ -153,10 +124,6 @@ def fitting_depth(cfg: PolicyConfig, shape: ModelShape, cluster: ClusterConfig) 
     return 2
 
 
-def with_blocks(shape: ModelShape, layers: int) -> ModelShape:
-    return replace(shape, num_blocks=layers, parameters=shape.root_parameters + layers * shape.block_parameters)
-
-
 def with_budget(cfg: PolicyConfig, tokens: int) -> PolicyConfig:
     packing = cfg.sequence_packing.model_copy(update={"train_mb_tokens": tokens})
     return cfg.model_copy(update={"sequence_packing": packing})
@@ -188,48 +155,69 @@ def speed_figures(lengths: list[int], score_s: float, train_s: float, *, matmul:
             "train_mfu": round(train_tflops / peak_tflops, 4) if peak_tflops else None}  # fmt: skip
 
 
-def check_shape(name: str, config, device: torch.device, sizes: dict, args, peak_tflops, meter) -> dict:
-    """One shape: the ladder, the timed steps (each backend), generation (module docstring); its JSON record."""
+def check_shape(key: str, name: str, config, device: torch.device, sizes: dict, args, peak_tflops, meter,
+                budget: Budget) -> dict:  # fmt: skip
+    """One shape: the ladder, the timed steps (each backend), generation (module docstring); its JSON record. Each
+    unit starts only if ``budget`` allows it (``skipped`` names the others)."""
     budgets = [b for b in sizes["budgets"] if b <= args.max_tokens] or [args.max_tokens]
-    cfg = PolicyConfig(model_name=name, train_global_batch_size=1 << 20, train_micro_batch_size=1,
-                       max_total_sequence_length=min(sizes["max_len"], max(budgets)),
-                       precision="bfloat16" if device.type == "cuda" else "float32",
-                       logprob_chunk_size=sizes["chunk"], device=device.type,
-                       dtensor_cfg={"enabled": True, "activation_checkpointing": True},
-                       sequence_packing={"enabled": True, "train_mb_tokens": max(budgets)})  # fmt: skip
+    cfg = kit_policy_config(name, max(budgets), device=device.type, chunk=sizes["chunk"], max_len=sizes["max_len"])
     sizes = sizes | {"max_len": cfg.max_total_sequence_length}
     cluster, timed_budget = ClusterConfig(), min(sizes["max_len"], max(budgets))
     full = model_shape(config, name, "hf_configs")
     layers = fitting_depth(with_budget(cfg, timed_budget), full, cluster)
     shape = with_blocks(full, layers)
+    record: dict = {"shape": name, "layers": layers, "layers_full": full.num_blocks, "parameters": shape.parameters,
+                    "activation_checkpointing": cfg.activation_checkpointing}  # fmt: skip
+    if device.type == "cuda":
+        record["device_memory_bytes"] = float(torch.cuda.get_device_properties(device).total_memory)
+    skipped = [why for why in (budget.allows("torch", key),) if why]
+    if skipped:  # nothing of this shape starts: its other units would not fit either
+        return record | {"skipped": skipped}
+    started = time.monotonic()
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(with_layers(config, layers), dtype=torch.float32)
     matmul = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
     figures = functools.partial(speed_figures, matmul=matmul, shape=shape, peak_tflops=peak_tflops)
     batches = {b: episodes(b, sizes["max_len"], shape.vocab_size, seed=b) for b in budgets}  # one per budget
     tokenizer = build_tiny_tokenizer()
-    record: dict = {"shape": name, "layers": layers, "layers_full": full.num_blocks, "parameters": shape.parameters}
     initial = tempfile.TemporaryDirectory(prefix="gpu_check_") if args.megatron else None  # its weights: trained next
-    if initial is not None:
-        model.save_pretrained(initial.name)
+    if initial is not None:  # in the compute dtype: what both backends compute with, half the bytes to write
+        weights = {k: v.to(cfg.compute_dtype) for k, v in model.state_dict().items()}
+        model.save_pretrained(initial.name, state_dict=weights)
+        del weights
     fitting = [b for b in budgets if b <= timed_budget]  # without the torch path: the Megatron one's candidates
     if "torch" in args.backends:
         record |= torch_steps(cfg, model, tokenizer, batches, cluster, shape, figures, args.steps, meter)
         fitting = [row["tokens"] for row in record["ladder"] if row["fits"] and row["tokens"] <= timed_budget]
     del model
+    budget.finished("torch", key, time.monotonic() - started)
     if initial is not None:
         with initial:
-            candidates = [batches[b] for b in sorted(fitting or budgets[:1], reverse=True)]
-            record |= measure_megatron(cfg, initial.name, tokenizer, candidates, LOSS, args.steps, figures, meter)
+            why = budget.allows("megatron", key)
+            if why:
+                skipped.append(why)
+            else:
+                started = time.monotonic()
+                tried = sorted([b for b in fitting or budgets[:1] if b <= sizes["megatron_tokens"]] or budgets[:1])
+                candidates = [batches[b] for b in reversed(tried[-2:])]  # the largest two: an OOM costs its time
+                steps = 1  # after its untimed step: its dense-mask attention makes each step a slow figure
+                record |= measure_megatron(cfg, initial.name, tokenizer, candidates, LOSS, steps, figures, meter)
+                budget.finished("megatron", key, time.monotonic() - started)
     elif args.megatron_note:
         record["megatron_note"] = args.megatron_note
     if not args.no_generation:
-        try:
-            record["generation_tokens_per_s"] = generation_speed(config, tokenizer, device, sizes["gen"])
-        except Exception as e:  # the trainer's figures above still count
-            record["generation_error"] = _one_line(e)
-        _free(device)
-    return record
+        why = budget.allows("generation", key)
+        if why:
+            skipped.append(why)
+        else:
+            started = time.monotonic()
+            try:
+                record["generation_tokens_per_s"] = generation_speed(config, tokenizer, device, sizes["gen"])
+            except Exception as e:  # the trainer's figures above still count
+                record["generation_error"] = _one_line(e)
+            _free(device)
+            budget.finished("generation", key, time.monotonic() - started)
+    return record | ({"skipped": skipped} if skipped else {})
 
 
 def torch_steps(cfg: PolicyConfig, model, tokenizer, batches: dict, cluster, shape, figures, steps: int,
@@ -293,15 +281,6 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _commit() -> str | None:
-    """This checkout's commit, else the one ``scripts/gpu_kit.sh`` recorded beside the wheels (a copy has no .git)."""
-    with contextlib.suppress(OSError, subprocess.CalledProcessError):
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, text=True,
-                              capture_output=True, check=True).stdout.strip()  # fmt: skip
-    recorded = Path(__file__).parents[1] / "gpu_kit_wheels" / "COMMIT"
-    return recorded.read_text().strip() if recorded.is_file() else None
-
-
 def _one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:300]}"
 
@@ -324,8 +303,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default=None, help=f"comma-separated, of {','.join(SHAPES)} (default: all)")
     parser.add_argument("--dry-run", action="store_true", help="CPU, a tiny Qwen3 shape: the same path, for CI")
-    parser.add_argument("--steps", type=int, default=3, help="timed steps at the timed micro-batch (median)")
-    parser.add_argument("--max-tokens", type=int, default=65536, help="largest micro-batch of the ladder")
+    parser.add_argument("--steps", type=int, default=2, help="timed steps at the timed micro-batch (median)")
+    parser.add_argument("--max-tokens", type=int, default=32768, help="largest micro-batch of the ladder")
+    parser.add_argument("--budget-s", type=float, default=480.0,
+                        help="skip the units of work that would end later than this many seconds after the start "
+                        "(0: no limit)")  # fmt: skip
     parser.add_argument("--no-generation", action="store_true", help="skip the hf engine's generation speed")
     parser.add_argument("--backends", default="torch,megatron", help="trainer backends to measure (torch,megatron)")
     parser.add_argument("--out", help="also append every JSON line to this file as it is produced")
@@ -340,18 +322,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.backends = args.backends.split(",")
     if not args.backends or set(args.backends) - {"torch", "megatron"}:
         parser.exit(2, f"error: --backends: {','.join(args.backends)!r}: give torch, megatron or torch,megatron\n")
-    if args.steps < 1 or args.max_tokens < 2:
-        parser.exit(2, "error: --steps must be >= 1 and --max-tokens >= 2\n")
+    if args.steps < 1 or args.max_tokens < 2 or args.budget_s < 0:
+        parser.exit(2, "error: --steps must be >= 1, --max-tokens >= 2 and --budget-s >= 0 (0: no limit)\n")
     if not args.dry_run and not torch.cuda.is_available():
         parser.exit(2, "error: torch sees no CUDA device: run on the GPU machine, or pass --dry-run (CPU)\n")
     args.megatron_note = megatron_missing() if "megatron" in args.backends else None
     args.megatron = "megatron" in args.backends and args.megatron_note is None
     args.names = [] if args.dry_run else names
+    args.budget_s = args.budget_s or None
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
+    budget = Budget(None)  # the clock starts before the arguments are read: the imports count too
     args = parse_args(argv)
+    budget.budget_s = args.budget_s
     device = torch.device("cpu") if args.dry_run else torch.device("cuda", 0)
     meter = PeakMemory(device)
     card = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu (dry run)"
@@ -359,15 +344,15 @@ def main(argv: list[str] | None = None) -> int:
     sizes = DRY_RUN if args.dry_run else GPU
     if args.dry_run:
         torch.manual_seed(0)
-        shapes = [("tiny-qwen3", AutoConfig.for_model(**TINY_QWEN3))]
+        shapes = [("tiny", "tiny-qwen3", AutoConfig.for_model(**TINY_QWEN3))]
     else:
-        shapes = [(SHAPES[n], find_model_config(SHAPES[n])[0]) for n in args.names]
+        shapes = [(n, SHAPES[n], find_model_config(SHAPES[n])[0]) for n in args.names]
     out = open(args.out, "a") if args.out else None  # noqa: SIM115  (closed below)
     records = []
-    for name, config in shapes:
+    for key, name, config in shapes:
         _log(f"{name}: {config.num_hidden_layers} layers, hidden {config.hidden_size}, on {card}")
         try:
-            record = check_shape(name, config, device, sizes, args, peak_tflops, meter)
+            record = check_shape(key, name, config, device, sizes, args, peak_tflops, meter, budget)
         except Exception as e:  # a failed shape is reported as such and the others still run
             record = {"shape": name, "error": _one_line(e)}
             _log(f"{name}: failed: {record['error']}")
@@ -379,7 +364,10 @@ def main(argv: list[str] | None = None) -> int:
     calibration = calibration_report(measurements)
     summary = {
         "check": "gpu_check_summary", "device": card, "peak_bf16_tflops": peak_tflops, "dry_run": args.dry_run,
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "commit": _commit(),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "commit": project_commit(Path(__file__).resolve().parents[1]), "budget_s": args.budget_s,
+        "elapsed_s": round(budget.elapsed(), 1),
+        "skipped": {r["shape"]: r["skipped"] for r in records if "skipped" in r},
         "torch": torch.__version__, "failed": [r["shape"] for r in records if ERRORS & set(r)],
         "shapes": {r["shape"]: {k: r.get(k) for k in ("layers", "layers_full", "train_tokens_per_s", "train_mfu",
                    "memory_ratio", "largest_micro_batch_tokens", "generation_tokens_per_s", "error", "timed_error",

@@ -11,10 +11,12 @@ Per trainer rank (``policy.num_workers`` ranks, on GPUs of ``cluster.gpu_memory_
   copy of every weight;
 - the reference model (KL penalty): compute dtype, sharded like the policy (host memory with ``cpu_offload``), a
   full fp32 copy for replicas;
+- AdamW's step temporaries (GPU): the foreach implementation allocates one fp32 tensor per parameter (the root
+  of the second moment), which the CUDA caching allocator then keeps reserved beside the next step's activations;
 - activations of one training micro-batch of ``T`` tokens (``train_micro_batch_size x
   max_total_sequence_length``, or ``sequence_packing.train_mb_tokens``): what autograd keeps per token and block
   for a Llama/Qwen block with fused attention (no ``T x T`` scores), all blocks, or with activation checkpointing
-  each block's input plus one block's worth being recomputed;
+  each block's input plus the part of one block's worth being recomputed that is live at the peak;
 - logits: ``T x vocab`` in the compute dtype and their gradient, plus the fp32 log-softmax (and the no-grad entropy
   metric) over ``T`` positions at once or ``logprob_chunk_size`` with chunking;
 - a fixed runtime overhead (CUDA context, NCCL buffers, allocator slack).
@@ -29,30 +31,26 @@ Per generation GPU (vLLM): ``gpu_memory_utilization`` of the GPU, minus the weig
 (``vllm_cfg.device: cpu``) takes no GPU: per replica its weights plus ``cpu_kvcache_space_gb`` of host memory, which
 CPU trainer ranks then share with it.
 
-These are estimates from first principles, not measurements (no GPU has run them here); they err on the side of
-more memory. ``bench/gpu_check.py`` measures them on a GPU and suggests the two constants below that a measurement
-corrects (``RUNTIME_OVERHEAD_BYTES``, ``TOKEN_BYTES_SCALE``). A config that cannot fit is refused at start-up naming
-the settings that would make it fit.
+The terms are first principles; how much of each is live at the allocator's peak comes from a GPU's measurements
+(:mod:`nemo_tau2.models.memory_constants`). A config that cannot fit is refused at start-up, naming what would fit.
 """
 
-import logging
 import math
 import os
 from dataclasses import dataclass, field
 
 from nemo_tau2.cluster import ClusterConfig
+from nemo_tau2.models.memory_constants import (
+    ACTIVATION_BYTES_SCALE,
+    CHECKPOINT_RECOMPUTE_FRACTION,
+    OPTIMIZER_STEP_BYTES_PER_PARAM,
+    RUNTIME_OVERHEAD_BYTES,
+    TOKEN_BYTES_SCALE,
+)
 from nemo_tau2.models.model_shape import ModelShape
 from nemo_tau2.models.policy.config import PolicyConfig
 
-logger = logging.getLogger(__name__)
-
 GB = 1e9
-# Constants a GPU measurement corrects (bench/gpu_check.py --write-calibration; README: "The GPU kit"). Measured on:
-# no GPU yet (first principles). When corrected, name the card, date and commit here and in BENCHMARKS.md.
-RUNTIME_OVERHEAD_BYTES = 3 * GB
-"""CUDA context, NCCL communicators and allocator fragmentation, per GPU."""
-TOKEN_BYTES_SCALE = 1.0
-"""Measured over estimated bytes of what grows with the micro-batch's tokens (activations, logits)."""
 VLLM_WORKSPACE_BYTES = 4 * GB
 """vLLM's activation workspace and CUDA graphs outside the KV cache, per GPU."""
 GIB = 2**30
@@ -160,6 +158,8 @@ def trainer_plan(cfg: PolicyConfig, m: ModelShape, *, reference: bool, budget: t
         ) * c + m.block_parameters * (c + 4)
     elif c == 2:
         plan.items["bf16 autocast copies of the weights"] = 2 * p
+    if on_gpu and not offload and optimizer_bytes:
+        plan.items["AdamW step temporaries (foreach, kept reserved)"] = OPTIMIZER_STEP_BYTES_PER_PARAM * share
     if reference:
         if sharded:
             (plan.host_items if offload else plan.items)["reference model (compute dtype)"] = c * share
@@ -172,10 +172,10 @@ def trainer_plan(cfg: PolicyConfig, m: ModelShape, *, reference: bool, budget: t
     )
     per_block = _activation_bytes_per_token_per_block(m, c)
     if cfg.activation_checkpointing:
-        activations = tokens * (m.num_blocks * c * m.hidden_size + per_block)
-        label = f"activations, {tokens} tokens (checkpointed: block inputs + 1 block)"
+        activations = tokens * (m.num_blocks * c * m.hidden_size + CHECKPOINT_RECOMPUTE_FRACTION * per_block)
+        label = f"activations, {tokens} tokens (checkpointed: block inputs + part of 1 block)"
     else:
-        activations = tokens * m.num_blocks * per_block
+        activations = tokens * m.num_blocks * per_block * ACTIVATION_BYTES_SCALE
         label = f"activations, {tokens} tokens ({m.num_blocks} blocks)"
     chunk = min(cfg.logprob_chunk_size or tokens, tokens)
     logits = tokens * m.vocab_size * (2 * c) + chunk * m.vocab_size * 12  # logits + grad; fp32 chunk + entropy

@@ -2,7 +2,8 @@
 closure, which must run on a machine with only the torch stack and the kit's wheels.
 
 One subprocess runs the dry run exactly as CI's machine would (``bench/gpu_check.py --dry-run``) and records every
-module it loaded; the tests read its output, its calibration file and that module list.
+module it loaded; the tests read its output, its calibration file and that module list. Another runs the kit's
+commands as ``scripts/gpu_kit.sh`` documents them, in a virtual environment holding only a GPU machine's packages.
 """
 
 import ast
@@ -10,9 +11,12 @@ import importlib.metadata
 import importlib.util
 import json
 import math
+import os
 import re
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +31,9 @@ KIT_REQUIREMENTS = ROOT / "scripts" / "gpu_kit_requirements.txt"
 FORBIDDEN = ("nemo_gym", "tau2", "ray", "vllm", "omegaconf", "litellm")
 GPU_MACHINE = ("torch", "transformers", "safetensors", "triton", "numpy", "pyyaml", "pytest")
 """What a lent GPU machine has installed (with their dependencies), and nothing else."""
+GPU_MACHINE_TRANSFORMERS = "5.17.0"
+"""The lent machines' transformers (pyproject's lower bound)."""
+KIT_SCRIPT = ROOT / "scripts" / "gpu_kit.sh"
 LAZY_ELSEWHERE = {"ray": "nemo_tau2/models/policy/workers.py: only Policy(num_workers > 1) imports it"}
 """Imports inside functions of modules in the closure that the check never calls (the dry run proves it)."""
 
@@ -243,3 +250,108 @@ def test_the_megatron_measurement_runs_in_the_torch_paths_precision_and_packing(
     cfg = __import__("gpu_check_megatron").megatron_config(torch_cfg, "/initial/weights")
     assert cfg.precision == "bfloat16" and cfg.megatron_cfg.enabled and not cfg.dtensor_cfg.enabled
     assert cfg.model_name == "/initial/weights" and cfg.sequence_packing == torch_cfg.sequence_packing
+
+
+def _as_typed() -> list[str]:
+    """The kit's commands as ``scripts/gpu_kit.sh`` documents them (its header's block after "The kit, as typed")."""
+    header = KIT_SCRIPT.read_text().split("# The kit, as typed", 1)[1].split("\nset -", 1)[0]
+    return [line.removeprefix("#   ") for line in header.splitlines() if line.startswith("#   ")]
+
+
+def _git(*args: str, cwd: Path) -> str:
+    command = ["git", "-c", "user.name=kit", "-c", "user.email=kit@localhost", "-c", "init.defaultBranch=main", *args]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def gpu_machine(tmp_path_factory) -> Path:
+    """A virtual environment with a GPU machine's packages only: this checkout's torch (uv's shared cache holds it),
+    the machines' transformers, safetensors, numpy, pyyaml, and pip."""
+    uv = shutil.which("uv")
+    assert uv, "uv is not on PATH: install uv (https://docs.astral.sh/uv/) to build the GPU machine's environment"
+    venv = tmp_path_factory.mktemp("gpu_machine") / "venv"
+    subprocess.run([uv, "venv", "--seed", "-q", "--python", sys.executable, str(venv)], check=True, timeout=300)
+    pins = [f"{n}=={importlib.metadata.version(n)}" for n in ("torch", "safetensors", "numpy", "pyyaml")]
+    pins.append(f"transformers=={GPU_MACHINE_TRANSFORMERS}")
+    install = [uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), *pins]
+    subprocess.run(install, check=True, timeout=600, capture_output=True)
+    return venv
+
+
+def test_the_kit_as_typed_runs_its_dry_run_where_only_the_gpu_stack_is_installed(gpu_machine, tmp_path):
+    """``scripts/gpu_kit.sh`` here, the checkout carried without ``.git``, then its pip line and the check (with
+    ``--dry-run``) there: the commands exactly as documented, both backends measured, this checkout's commit in the
+    record."""
+    prepare, install, check = _as_typed()
+    assert install.startswith("pip install --no-index --no-deps ") and check.startswith("PYTHONPATH=")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env |= {"PATH": f"{gpu_machine / 'bin'}{os.pathsep}/usr/bin{os.pathsep}/bin", "HF_HUB_OFFLINE": "1"}  # proxy: kept
+    bare = subprocess.run(["python", "-c", "import megatron.core"], env=env, capture_output=True, timeout=120)
+    assert bare.returncode != 0  # the machine lacks what the kit brings
+    here = subprocess.run(["bash", "-c", prepare], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert here.returncode == 0, here.stderr[-2000:]
+    carried = tmp_path / "carried"  # the working tree's files and the wheels, as a loan carries them: no .git
+    files = _git("ls-files", "--cached", "--others", "--exclude-standard", cwd=ROOT).splitlines()
+    for name in [*files, *(str(p.relative_to(ROOT)) for p in (ROOT / "gpu_kit_wheels").iterdir())]:
+        if (ROOT / name).is_file():
+            (carried / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, carried / name)
+    target = tmp_path / "gpu_kit"
+    for line in (install, f"{check} --dry-run --steps 1"):
+        there = subprocess.run(["bash", "-c", line.replace("/tmp/gpu_kit", str(target))], cwd=carried, env=env,
+                               capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert there.returncode == 0, f"{line}\n{there.stderr[-3000:]}"
+    lines = [json.loads(line) for line in (carried / "gpu_check.jsonl").read_text().splitlines()]
+    record, summary = lines
+    assert record["shape"] == "tiny-qwen3" and "megatron_note" not in record and "megatron_error" not in record
+    assert record["megatron_train_tokens_per_s"] > 0 and record["train_tokens_per_s"] > 0
+    assert summary["failed"] == [] and summary["dry_run"] is True
+    assert summary["commit"] == _git("rev-parse", "--short", "HEAD", cwd=ROOT)
+    assert json.loads((carried / "calibration.json").read_text())["memory_plan"]["measurements"]
+
+
+def test_the_record_names_this_projects_commit_never_an_enclosing_checkouts(gpu_check, tmp_path):
+    """A copy of the project inside another git checkout (carried as a subfolder): git's commit there is the other
+    checkout's, so the check takes the one ``scripts/gpu_kit.sh`` stamped, else says unknown; its own checkout's
+    commit wins."""
+    commit = gpu_check["project_commit"]
+    outer = tmp_path / "outer"
+    outer.mkdir()
+    _git("init", "-q", cwd=outer)
+    (outer / "file.txt").write_text("the enclosing project\n")
+    _git("add", "file.txt", cwd=outer)
+    _git("commit", "-q", "-m", "outer", cwd=outer)
+    project = outer / "nemo-tau2"
+    (project / "gpu_kit_wheels").mkdir(parents=True)
+    assert commit(project) == "unknown"
+    (project / "gpu_kit_wheels" / "COMMIT").write_text("abc1234\n")
+    assert commit(project) == "abc1234"
+    _git("init", "-q", cwd=project)
+    (project / "README").write_text("this project\n")
+    _git("add", "README", cwd=project)
+    _git("commit", "-q", "-m", "inner", cwd=project)
+    assert commit(project) == _git("rev-parse", "--short", "HEAD", cwd=project) != commit(outer)
+
+
+def test_a_unit_the_time_budget_cannot_fit_is_skipped_and_named_in_the_record(gpu_check):
+    """With 10 s of a 60 s budget left, the 4B's torch path (about 55 s on an H200) does not start: the shape's record
+    says so instead of a ladder. No clock is measured: the budget starts 50 s in the past."""
+    budget = gpu_check["Budget"](60.0, started=time.monotonic() - 50.0)
+    args = gpu_check["parse_args"](["--dry-run", "--backends", "torch"])
+    config = gpu_check["AutoConfig"].for_model(**gpu_check["TINY_QWEN3"])
+    meter = gpu_check["PeakMemory"](torch.device("cpu"))
+    record = gpu_check["check_shape"]("4b", "tiny-qwen3", config, torch.device("cpu"), gpu_check["DRY_RUN"], args,
+                                      None, meter, budget)  # fmt: skip
+    assert "ladder" not in record and len(record["skipped"]) == 1
+    assert re.fullmatch(r"torch: 1\d s of the 60 s budget left, needs ~55 s", record["skipped"][0])
+
+
+def test_the_budget_scales_its_h200_estimates_by_the_pace_of_the_finished_units(gpu_check):
+    budget = gpu_check["Budget"](1000.0)
+    assert budget.allows("torch", "8b") is None and budget.pace() == 1.0
+    h200_s = sys.modules[gpu_check["Budget"].__module__].H200_S
+    budget.finished("torch", "0.6b", 3 * h200_s["torch"]["0.6b"])  # a card 3x slower than the H200
+    assert budget.pace() == 3.0
+    budget.budget_s = budget.elapsed() + 100.0  # 100 s left: the 8B's torch path needs 3 x 50 s here
+    assert budget.allows("torch", "8b").endswith("needs ~150 s") and budget.allows("generation", "0.6b") is None
+    assert gpu_check["Budget"](None).allows("megatron", "8b") is None  # --budget-s 0: no limit

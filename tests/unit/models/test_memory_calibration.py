@@ -1,4 +1,8 @@
-"""The memory plan's calibration: measured peaks against the plan's parts, and the constants fitted from them."""
+"""The memory plan's calibration: measured peaks against the plan's parts, the constants fitted from them, and the
+plan against every ladder point a GPU recorded (``shared/measurements/``, beside the checkout)."""
+
+import json
+from pathlib import Path
 
 import pytest
 
@@ -8,6 +12,7 @@ from nemo_tau2.models.memory_calibration import (
     PlanConstants,
     calibration_report,
     fit_constants,
+    ladder_points,
     needs_correction,
 )
 from nemo_tau2.models.memory_plan import GB, ClusterConfig, make_plan
@@ -72,3 +77,30 @@ def test_fit_from_one_token_budget_keeps_the_overhead_and_solves_the_scale(qwen3
     assert fit_constants([m]) == PlanConstants(memory_plan.RUNTIME_OVERHEAD_BYTES, pytest.approx(1.3))
     with pytest.raises(ValueError, match="no measurement"):
         fit_constants([])
+
+
+MEASUREMENTS = Path(__file__).resolve().parents[3].parent / "shared" / "measurements"
+
+
+def _recorded_ladders() -> tuple[list[dict], dict]:
+    records = [json.loads(line) for path in sorted(MEASUREMENTS.glob("*.jsonl"))
+               for line in path.read_text().splitlines() if line.strip()]  # fmt: skip
+    assert records, f"no GPU records in {MEASUREMENTS} (the shared folder beside the checkout)"
+    names = {r["shape"] for r in records if r.get("ladder")}
+    return records, {name: model_shape(find_model_config(name)[0], name, "") for name in names}
+
+
+def test_the_plan_stays_within_its_band_at_every_ladder_point_a_gpu_recorded():
+    """No recorded peak more than 3% over the plan's estimate, none more than 10% under it (a first step only on the
+    first side, a peak at the card's memory only on the second: module docstring of memory_calibration); and every
+    micro-batch that ran out of memory was planned not to fit."""
+    records, shapes = _recorded_ladders()
+    points = ladder_points(records, shapes)
+    measured = [p for p in points if p.measured_bytes is not None]
+    assert len(measured) >= 30 and {p.activation_checkpointing for p in measured} == {True, False}
+    outside = [f"{p.shape} {p.tokens} tokens (checkpointing {p.activation_checkpointing}): {p.ratio:.3f}"
+               for p in measured if not p.within_band]  # fmt: skip
+    assert outside == [], "measured/estimated outside [1/1.10, 1.03]"
+    assert sum(p.first_step and p.saturated for p in measured) == 0  # no point escapes both sides
+    out_of_memory = [p for p in points if p.measured_bytes is None]
+    assert out_of_memory and all(p.estimated_bytes > p.device_memory_bytes for p in out_of_memory)
