@@ -6,8 +6,8 @@
 # Downloads scripts/gpu_kit_requirements.txt for CPython 3.12 on manylinux x86-64 (binary wheels only, no
 # dependencies resolved: the list is complete, tests/unit/test_gpu_kit.py checks it), fails if the folder holds more
 # than 20 MiB (a GPU loan carries 64 MiB at most, the repository included), and stamps the checkout's commit into
-# the folder (COMMIT; only when the repository root is the top of its own git checkout) for the check's record). Documented in
-# docs/gpu-kit.md.
+# the folder (COMMIT; only when the repository root is the top of its own git checkout) for the check's record.
+# Documented in docs/gpu-kit.md.
 #
 # The kit, as typed (tests/unit/test_gpu_kit.py runs these lines, the last with --dry-run, in a virtual environment
 # holding only a GPU machine's packages):
