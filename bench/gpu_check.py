@@ -1,7 +1,7 @@
 """The GPU kit's check: our trainer's GRPO step and the hf engine's generation on one bare CUDA device, measured.
 
 Per Qwen3 shape (``--shapes``, from ``nemo_tau2/models/hf_configs/``; random weights, nothing downloaded) it runs the
-trainer's own code path through :class:`~nemo_tau2.models.policy.Policy`: FSDP2 over the one device (a one-rank
+trainer's own code path through ``lm_policy.Policy``: FSDP2 over the one device (a one-rank
 process group, as ``dtensor_cfg.enabled`` runs it), bf16 compute with fp32 master weights, activation checkpointing,
 packed micro-batches of tau2-like episodes (the test split's length mix, the longest 32k tokens), the fp32
 log-softmax 1,024 positions at a time, the reference model, ``get_logprobs`` + ``get_reference_policy_logprobs`` +
@@ -57,7 +57,8 @@ from nemo_tau2.generation.tiny_model import build_tiny_tokenizer
 from nemo_tau2.models.memory_calibration import PeakMeasurement, calibration_report
 from nemo_tau2.models.memory_plan import GB, ClusterConfig, make_plan
 from nemo_tau2.models.model_shape import ModelShape, find_model_config, model_shape
-from nemo_tau2.models.policy import Policy, PolicyConfig, TrainingSequence
+from nemo_tau2.models.policy import PolicyConfig, TrainingSequence
+from nemo_tau2.models.policy.lm_policy import Policy
 
 SHAPES = {
     "0.6b": "Qwen/Qwen3-0.6B",

@@ -28,21 +28,10 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
+from nemo_tau2.models.model_shape import transformer_blocks
 from nemo_tau2.models.policy.config import PolicyConfig
 
 logger = logging.getLogger(__name__)
-
-
-def transformer_blocks(model: PreTrainedModel) -> list[torch.nn.Module]:
-    """The model's repeated blocks: modules whose class is in ``model._no_split_modules`` (what accelerate uses)."""
-    names = set(getattr(model, "_no_split_modules", None) or [])
-    blocks = [module for module in model.modules() if type(module).__name__ in names]
-    if not blocks:
-        raise ValueError(
-            f"{type(model).__name__} names no transformer block class (_no_split_modules={sorted(names)}): "
-            "cannot shard it per block with FSDP2"
-        )
-    return blocks
 
 
 def empty_model(config: PretrainedConfig) -> PreTrainedModel:
