@@ -48,6 +48,7 @@ from pathlib import Path
 
 import torch
 from gpu_check_generation import generation_speed
+from gpu_check_levers import measure_levers
 from gpu_check_megatron import HEADER, MEGATRON_SUMMARY, measure_megatron, megatron_columns, megatron_missing
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -217,6 +218,9 @@ def check_shape(name: str, config, device: torch.device, sizes: dict, args, peak
     if "torch" in args.backends:
         record |= torch_steps(cfg, model, tokenizer, batches, cluster, shape, figures, args.steps, meter)
         fitting = [row["tokens"] for row in record["ladder"] if row["fits"] and row["tokens"] <= timed_budget]
+    if args.levers and fitting:  # the timed micro-batch, each lever off in turn (fresh models, same seed)
+        record |= measure_levers(cfg, with_layers(config, layers), tokenizer, batches[max(fitting)], args.steps,
+                                 LOSS, figures, functools.partial(_free, device))  # fmt: skip
     del model
     if initial is not None:
         with initial:
@@ -330,6 +334,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-generation", action="store_true", help="skip the hf engine's generation speed")
     parser.add_argument("--backends", default="torch,megatron", help="trainer backends to measure (torch,megatron)")
     parser.add_argument("--out", help="also append every JSON line to this file as it is produced")
+    parser.add_argument("--levers", action="store_true", help="re-measure the timed micro-batch with each trainer "
+                        "speed lever off in turn (gpu_check_levers.py): one lever_<name> field each")
     parser.add_argument("--write-calibration", metavar="FILE", help="write the memory plan's calibration (JSON)")
     args = parser.parse_args(argv)
     names = args.shapes.split(",") if args.shapes else list(SHAPES)
