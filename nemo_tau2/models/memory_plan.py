@@ -123,27 +123,18 @@ def _activation_bytes_per_token_per_block(m: ModelShape, c: int) -> float:
     return sum(_block_activation_parts(m, c))
 
 
-CHECKPOINTING_MODES = ("none", "selective", "full")
-"""``policy.dtensor_cfg.activation_checkpointing`` modes, least recompute first (what ``auto`` tries in order)."""
+CHECKPOINTING_MODES = ("none", "selective", "full")  # least recompute first: what auto tries, in order
 
 
-def _selective_activation_bytes_per_token_per_block(m: ModelShape, c: int) -> float:
-    """Selective checkpointing (``models.policy.blocks``): the block's input, the outputs of its matrix multiplies
-    (q, k, v, attention projection; gate, up, down) and of its attention kernel; the elementwise rest is recomputed."""
-    h, i, q, kv = m.hidden_size, m.intermediate_size, m.attention_width, m.kv_width
-    return c * (3 * h + 2 * q + 2 * kv + 2 * i)
-
-
-def resolve_activation_checkpointing(
-    cfg: PolicyConfig, m: ModelShape, *, reference: bool, budget: tuple[float, str]
-) -> str:
-    """The mode of ``cfg`` (``auto``: the first of :data:`CHECKPOINTING_MODES` whose trainer plan fits ``budget``,
-    else ``full``, whose plan then says what else to change)."""
+def resolve_activation_checkpointing(cfg: PolicyConfig, m: ModelShape, *, reference: bool, budget: tuple) -> str:
+    """``cfg``'s checkpointing mode; ``auto``: the first of the modes whose trainer plan fits ``budget``, else full."""
     if cfg.activation_checkpointing != "auto":
         return cfg.activation_checkpointing
     for mode in CHECKPOINTING_MODES:
-        dtensor = cfg.dtensor_cfg.model_copy(update={"activation_checkpointing": mode})
-        if trainer_plan(cfg.model_copy(update={"dtensor_cfg": dtensor}), m, reference=reference, budget=budget).fits:
+        trial = cfg.model_copy(
+            update={"dtensor_cfg": cfg.dtensor_cfg.model_copy(update={"activation_checkpointing": mode})}
+        )
+        if trainer_plan(trial, m, reference=reference, budget=budget).fits:
             return mode
     return "full"
 
@@ -202,9 +193,9 @@ def trainer_plan(cfg: PolicyConfig, m: ModelShape, *, reference: bool, budget: t
     if checkpointing == "full":
         activations = tokens * (m.num_blocks * c * m.hidden_size + per_block)
         label = f"activations, {tokens} tokens (checkpointed: block inputs + 1 block)"
-    elif checkpointing == "selective":
-        activations = tokens * (m.num_blocks * _selective_activation_bytes_per_token_per_block(m, c) + per_block)
-        label = f"activations, {tokens} tokens (selective checkpointing: matmul and attention outputs + 1 block)"
+    elif checkpointing == "selective":  # block input, matmul and attention outputs (models.policy.blocks) + 1 block
+        kept = c * (3 * m.hidden_size + 2 * m.attention_width + 2 * m.kv_width + 2 * m.intermediate_size)
+        activations, label = tokens * (m.num_blocks * kept + per_block), f"activations, {tokens} tokens (selective)"
     else:
         activations = tokens * m.num_blocks * per_block
         label = f"activations, {tokens} tokens ({m.num_blocks} blocks)"
