@@ -1,7 +1,7 @@
 """The GPU kit's check: our trainer's GRPO step and the hf engine's generation on one bare CUDA device, measured.
 
 Per Qwen3 shape (``--shapes``, from ``nemo_tau2/models/hf_configs/``; random weights, nothing downloaded) it runs the
-trainer's own code path through :class:`~nemo_tau2.models.policy.Policy`: FSDP2 over the one device (a one-rank
+trainer's own code path through ``lm_policy.Policy``: FSDP2 over the one device (a one-rank
 process group, as ``dtensor_cfg.enabled`` runs it), bf16 compute with fp32 master weights, activation checkpointing,
 packed micro-batches of tau2-like episodes (the test split's length mix, the longest 32k tokens), the fp32
 log-softmax 1,024 positions at a time, the reference model, ``get_logprobs`` + ``get_reference_policy_logprobs`` +
@@ -47,6 +47,7 @@ from pathlib import Path
 
 import torch
 from gpu_check_generation import generation_speed
+from gpu_check_levers import measure_levers
 from gpu_check_megatron import HEADER, MEGATRON_SUMMARY, measure_megatron, megatron_columns, megatron_missing
 from gpu_check_run import Budget, PeakMemory, project_commit
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -57,7 +58,8 @@ from nemo_tau2.generation.tiny_model import build_tiny_tokenizer
 from nemo_tau2.models.memory_calibration import PeakMeasurement, calibration_report, kit_policy_config, with_blocks
 from nemo_tau2.models.memory_plan import GB, ClusterConfig, make_plan
 from nemo_tau2.models.model_shape import ModelShape, find_model_config, model_shape
-from nemo_tau2.models.policy import Policy, PolicyConfig, TrainingSequence
+from nemo_tau2.models.policy import PolicyConfig, TrainingSequence
+from nemo_tau2.models.policy.lm_policy import Policy
 
 SHAPES = {
     "0.6b": "Qwen/Qwen3-0.6B",
@@ -189,6 +191,9 @@ def check_shape(key: str, name: str, config, device: torch.device, sizes: dict, 
     if "torch" in args.backends:
         record |= torch_steps(cfg, model, tokenizer, batches, cluster, shape, figures, args.steps, meter)
         fitting = [row["tokens"] for row in record["ladder"] if row["fits"] and row["tokens"] <= timed_budget]
+    if args.levers and fitting:  # the timed micro-batch, each lever off in turn (fresh models, same seed)
+        record |= measure_levers(cfg, with_layers(config, layers), tokenizer, batches[max(fitting)], args.steps,
+                                 LOSS, figures, functools.partial(_free, device))  # fmt: skip
     del model
     budget.finished("torch", key, time.monotonic() - started)
     if initial is not None:
@@ -311,6 +316,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-generation", action="store_true", help="skip the hf engine's generation speed")
     parser.add_argument("--backends", default="torch,megatron", help="trainer backends to measure (torch,megatron)")
     parser.add_argument("--out", help="also append every JSON line to this file as it is produced")
+    parser.add_argument("--levers", action="store_true", help="re-measure the timed micro-batch with each trainer "
+                        "speed lever off in turn (gpu_check_levers.py): one lever_<name> field each")
     parser.add_argument("--write-calibration", metavar="FILE", help="write the memory plan's calibration (JSON)")
     args = parser.parse_args(argv)
     names = args.shapes.split(",") if args.shapes else list(SHAPES)

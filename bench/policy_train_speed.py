@@ -44,7 +44,8 @@ from nemo_tau2.algorithms.loss import ClippedPGLossConfig, ClippedPGLossFn, NLLL
 from nemo_tau2.cluster import import_ray
 from nemo_tau2.generation import GenerationConfig, start_generation
 from nemo_tau2.generation.tiny_model import SMOLLM2_135M_SHAPE, build_tiny_model
-from nemo_tau2.models.policy import Policy, PolicyConfig, TrainingSequence
+from nemo_tau2.models.policy import PolicyConfig, TrainingSequence
+from nemo_tau2.models.policy.lm_policy import Policy
 
 LOSS = ClippedPGLossFn(ClippedPGLossConfig(reference_policy_kl_penalty=0.0))
 LENGTHS = Path(__file__).parent / "data" / "tau2_test_episode_lengths.json"

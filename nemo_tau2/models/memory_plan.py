@@ -7,16 +7,18 @@ Per trainer rank (``policy.num_workers`` ranks, on GPUs of ``cluster.gpu_memory_
 - parameters, gradients (fp32) and optimizer state (AdamW: two fp32 moments), divided over the ranks with FSDP2
   (``policy.dtensor_cfg.enabled``), in host memory with ``cpu_offload``;
 - gathered weights (FSDP2): the root (embeddings, LM head) plus two blocks (the one computing and the one
-  prefetched) in the compute dtype, and one block's unsharded gradients; replicas under bf16 autocast keep a bf16
-  copy of every weight;
+  prefetched), every block on one rank (``dtensor_cfg.reshard_after_forward``'s default there), in the compute
+  dtype, and one block's unsharded gradients; replicas under bf16 autocast keep a bf16 copy of every weight;
 - the reference model (KL penalty): compute dtype, sharded like the policy (host memory with ``cpu_offload``), a
   full fp32 copy for replicas;
 - AdamW's step temporaries (GPU): the foreach implementation allocates one fp32 tensor per parameter (the root
   of the second moment), which the CUDA caching allocator then keeps reserved beside the next step's activations;
 - activations of one training micro-batch of ``T`` tokens (``train_micro_batch_size x
   max_total_sequence_length``, or ``sequence_packing.train_mb_tokens``): what autograd keeps per token and block
-  for a Llama/Qwen block with fused attention (no ``T x T`` scores), all blocks, or with activation checkpointing
-  each block's input plus the part of one block's worth being recomputed that is live at the peak;
+  for a Llama/Qwen block with fused attention (no ``T x T`` scores), all blocks; with full activation checkpointing
+  each block's input plus the part of one block's worth being recomputed that is live at the peak; selective: each
+  block's input and its matmul and attention outputs plus one block's worth (``activation_checkpointing: auto`` takes
+  the least recompute that fits);
 - logits: ``T x vocab`` in the compute dtype and their gradient, plus the fp32 log-softmax (and the no-grad entropy
   metric) over ``T`` positions at once or ``logprob_chunk_size`` with chunking;
 - a fixed runtime overhead (CUDA context, NCCL buffers, allocator slack).
@@ -120,6 +122,22 @@ def _activation_bytes_per_token_per_block(m: ModelShape, c: int) -> float:
     return sum(_block_activation_parts(m, c))
 
 
+CHECKPOINTING_MODES = ("none", "selective", "full")  # least recompute first: what auto tries, in order
+
+
+def resolve_activation_checkpointing(cfg: PolicyConfig, m: ModelShape, *, reference: bool, budget: tuple) -> str:
+    """``cfg``'s checkpointing mode; ``auto``: the first of the modes whose trainer plan fits ``budget``, else full."""
+    if cfg.activation_checkpointing != "auto":
+        return cfg.activation_checkpointing
+    for mode in CHECKPOINTING_MODES:
+        trial = cfg.model_copy(
+            update={"dtensor_cfg": cfg.dtensor_cfg.model_copy(update={"activation_checkpointing": mode})}
+        )
+        if trainer_plan(trial, m, reference=reference, budget=budget).fits:
+            return mode
+    return "full"
+
+
 def _add_token_items(plan: DevicePlan, items: list[tuple[str, float]]) -> None:
     """The items that grow with the micro-batch's tokens (scaled by the measured correction), then the runtime
     overhead of a GPU: the last items of every trainer plan."""
@@ -153,8 +171,9 @@ def trainer_plan(cfg: PolicyConfig, m: ModelShape, *, reference: bool, budget: t
     }
     (plan.host_items if offload else plan.items).update(states)
     if sharded:
-        plan.items["gathered weights (root + 2 blocks) and 1 block's gradients"] = (
-            m.root_parameters + 2 * m.block_parameters
+        kept = 2 if cfg.dtensor_cfg.reshards(n) else m.num_blocks  # one rank keeps every block gathered
+        plan.items[f"gathered weights (root + {kept} blocks) and 1 block's gradients"] = (
+            m.root_parameters + kept * m.block_parameters
         ) * c + m.block_parameters * (c + 4)
     elif c == 2:
         plan.items["bf16 autocast copies of the weights"] = 2 * p
@@ -171,9 +190,13 @@ def trainer_plan(cfg: PolicyConfig, m: ModelShape, *, reference: bool, budget: t
         else cfg.train_micro_batch_size * (cfg.max_total_sequence_length)
     )
     per_block = _activation_bytes_per_token_per_block(m, c)
-    if cfg.activation_checkpointing:
+    checkpointing = resolve_activation_checkpointing(cfg, m, reference=reference, budget=budget)
+    if checkpointing == "full":
         activations = tokens * (m.num_blocks * c * m.hidden_size + CHECKPOINT_RECOMPUTE_FRACTION * per_block)
         label = f"activations, {tokens} tokens (checkpointed: block inputs + part of 1 block)"
+    elif checkpointing == "selective":  # block input, matmul and attention outputs (models.policy.blocks) + 1 block
+        kept = c * (3 * m.hidden_size + 2 * m.attention_width + 2 * m.kv_width + 2 * m.intermediate_size)
+        activations, label = tokens * (m.num_blocks * kept + per_block), f"activations, {tokens} tokens (selective)"
     else:
         activations = tokens * m.num_blocks * per_block * ACTIVATION_BYTES_SCALE
         label = f"activations, {tokens} tokens ({m.num_blocks} blocks)"
@@ -321,7 +344,7 @@ def trainer_fixes(cfg: PolicyConfig, cluster: ClusterConfig, *, reference: bool,
     candidates: list[tuple[str, dict]] = []
     if not cfg.dtensor_cfg.enabled:
         candidates.append(("policy.dtensor_cfg.enabled=true", {"dtensor_cfg": {"enabled": True}}))
-    if not cfg.activation_checkpointing:
+    if cfg.activation_checkpointing not in ("auto", "full"):
         candidates.append(
             ("policy.dtensor_cfg.activation_checkpointing=true", {"dtensor_cfg": {"activation_checkpointing": True}})
         )

@@ -50,12 +50,25 @@ def find_model_config(model_name: str) -> tuple[Any, str]:
     )
 
 
+def transformer_blocks(model: Any) -> list[Any]:
+    """The model's repeated blocks: modules whose class is in ``model._no_split_modules`` (what accelerate uses).
+
+    A fact of the architecture, used to count a block here and, by the trainer, to shard, checkpoint and compile it
+    block by block (so it lives here, below the trainer, which imports it)."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    blocks = [module for module in model.modules() if type(module).__name__ in names]
+    if not blocks:
+        raise ValueError(
+            f"{type(model).__name__} names no transformer block class (_no_split_modules={sorted(names)}): "
+            "cannot treat it block by block (FSDP2 sharding, checkpointing, compiling)"
+        )
+    return blocks
+
+
 def model_shape(config: Any, name: str, source: str) -> ModelShape:
     """Count the parameters of ``config``'s architecture on the meta device."""
     import torch
     from transformers import AutoModelForCausalLM
-
-    from nemo_tau2.models.policy.sharding import transformer_blocks
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)

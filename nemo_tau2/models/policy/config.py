@@ -14,7 +14,7 @@ import importlib
 import inspect
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from nemo_tau2.generation.config import GenerationConfig
 from nemo_tau2.models.policy.megatron_config import MegatronConfig, check_megatron_architecture, check_megatron_policy
@@ -109,12 +109,43 @@ class DTensorConfig(_Strict):
         description="Keep the sharded parameters, gradients and optimizer state (and the reference model) in host "
         "memory and move them to the GPU only while they compute (FSDP2 CPUOffloadPolicy; needs device cuda).",
     )
-    activation_checkpointing: bool = Field(
-        default=False, description="Recompute each block's activations in the backward pass (sharded or not)."
+    activation_checkpointing: Literal["auto", "none", "selective", "full"] = Field(
+        default="auto",
+        description="What each transformer block keeps for its backward pass (sharded or not; models.policy.blocks). "
+        "none: everything (fastest, most memory); selective: the outputs of its matrix multiplies and attention, the "
+        "cheap elementwise rest (norms, rotary, activation) recomputed; full: only its input, the whole block "
+        "recomputed (a third more compute); auto: the first of none, selective, full that the memory plan says fits "
+        "the rank's memory. NeMo-RL's booleans keep their meaning: true is full, false is none.",
+    )
+    torch_compile: bool | None = Field(
+        default=None,
+        description="torch.compile each transformer block (inductor: fused elementwise kernels). null: on with "
+        "policy.device cuda, off on cpu (a CPU compile costs minutes per model shape and CI would pay them).",
+    )
+    reshard_after_forward: bool | None = Field(
+        default=None,
+        description="FSDP2: free each block's gathered (compute-dtype) weights after its forward and gather them "
+        "again for its backward. null: true with several ranks, false on one rank, where the gather is only a copy "
+        "of the rank's own weights and keeping it costs a compute-dtype copy of the blocks (2 bytes per parameter "
+        "in bf16) instead of a second copy per micro-batch.",
     )
     tensor_parallel_size: int = Field(default=1, ge=1, description="Only 1 (no tensor parallelism).")
     context_parallel_size: int = Field(default=1, ge=1, description="Only 1 (no context parallelism).")
     sequence_parallel: bool = Field(default=False, description="Only false (it needs tensor parallelism).")
+
+    @field_validator("activation_checkpointing", mode="before")
+    @classmethod
+    def _nemo_rl_boolean(cls, value: Any) -> Any:
+        return {True: "full", False: "none"}.get(value, value) if isinstance(value, bool) else value
+
+    def compiles(self, device: str) -> bool:
+        """Whether the blocks are compiled on ``device`` (``torch_compile`` or its default)."""
+        return self.torch_compile if self.torch_compile is not None else device == "cuda"
+
+    def reshards(self, world_size: int) -> bool:
+        """Whether FSDP2 frees the gathered block weights after each forward (``reshard_after_forward`` or its
+        default)."""
+        return self.reshard_after_forward if self.reshard_after_forward is not None else world_size > 1
 
     @model_validator(mode="after")
     def _check(self) -> "DTensorConfig":
@@ -152,6 +183,13 @@ class SequencePackingConfig(_Strict):
     )
     logprob_mb_tokens: int | None = Field(
         default=None, ge=2, description="Token budget of a no-grad logprob micro-batch; null: train_mb_tokens."
+    )
+    attention: Literal["varlen", "per_sequence"] = Field(
+        default="varlen",
+        description="Where a packed row's sequences start (models.policy.packed_attention). varlen: planned once per "
+        "micro-batch and given to every layer (one variable-length flash-attention call on CUDA in bf16, exact "
+        "per-sequence SDPA elsewhere); per_sequence: every layer finds them from the position ids (a device sync "
+        "per layer on a GPU), the path before the plan, kept to measure against.",
     )
     algorithm: Literal["first_fit_decreasing"] = Field(
         default="first_fit_decreasing",
@@ -279,7 +317,8 @@ class PolicyConfig(_Strict):
         return explicit if explicit is not None else self.train_mb_tokens
 
     @property
-    def activation_checkpointing(self) -> bool:
+    def activation_checkpointing(self) -> str:
+        """``auto``, ``none``, ``selective`` or ``full`` (``dtensor_cfg.activation_checkpointing``)."""
         return self.dtensor_cfg.activation_checkpointing
 
     @property

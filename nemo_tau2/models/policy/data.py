@@ -142,13 +142,15 @@ class PackedRow:
     position_ids: torch.Tensor  # [1, N] long, 0 .. L_b - 1 for each sequence b
     flat_index: torch.Tensor  # [B, T] long: the row position of token t of sequence b (0 where t >= L_b)
     in_frame: torch.Tensor  # [B, T] bool: 0 < t < L_b (entry 0 of each sequence is no prediction)
+    segment_lengths: list[int] = field(default_factory=list)  # the sequences', then the padding's (host ints)
 
     def unpack(self, values: torch.Tensor) -> torch.Tensor:
         """``[1, N]`` per-token values of the row (token frame) -> ``[B, T]``, 0.0 outside ``in_frame``."""
         return torch.where(self.in_frame, values[0][self.flat_index], 0.0)
 
     def to(self, device: torch.device | str) -> "PackedRow":
-        return PackedRow(*(tensor.to(device) for tensor in vars(self).values()))
+        tensors = {name: value.to(device) for name, value in vars(self).items() if isinstance(value, torch.Tensor)}
+        return PackedRow(**tensors, segment_lengths=self.segment_lengths)
 
     def widened(self, width: int, pad_token_id: int) -> "PackedRow":
         """The row right-padded to ``width`` tokens: the padding is a segment of its own (position ids from 0), which
@@ -163,6 +165,7 @@ class PackedRow:
             position_ids=torch.cat([self.position_ids, positions], 1),
             flat_index=self.flat_index,
             in_frame=self.in_frame,
+            segment_lengths=[*self.segment_lengths, extra],
         )
 
 
@@ -245,6 +248,7 @@ def pack_row(
         position_ids=torch.tensor([positions], dtype=torch.long),
         flat_index=torch.where(inside, starts[:, None] + offsets[None, :], 0),
         in_frame=inside & (offsets[None, :] > 0),
+        segment_lengths=list(lengths),
     )
     return row.widened(_round_up(len(ids), multiple), pad_token_id)
 

@@ -2,9 +2,11 @@
 
 - **Mesh**: one data-parallel dimension over every trainer rank (``init_device_mesh(device, (world_size,))``).
 - **Units**: each transformer block (the classes the model lists in ``_no_split_modules``, e.g.
-  ``LlamaDecoderLayer``) is sharded on its own, then the root (embeddings, final norm, LM head). A block's full
-  weights exist only while it computes (resharded after its forward and its backward); the root's stay gathered
-  from its forward to its backward (FSDP2's default: one all-gather less per micro-batch).
+  ``LlamaDecoderLayer``) is sharded on its own, then the root (embeddings, final norm, LM head). With several ranks
+  a block's full weights exist only while it computes (resharded after its forward and its backward); on one rank
+  (``dtensor_cfg.reshard_after_forward``'s default) they stay gathered from its forward to its backward, as the
+  root's always do: the "gather" there is a cast-copy of the rank's own weights, done once per micro-batch instead
+  of twice. Blocks arrive checkpointed and compiled (``blocks``).
 - **Mixed precision** (``policy.precision``): parameters are kept in fp32 (the master copy the optimizer steps),
   gathered in the compute dtype (bf16 or fp32) and gradients are reduced in fp32. The gradient reduction is a sum
   (not FSDP's default mean): each rank's loss already carries the global batch's normalisers.
@@ -28,21 +30,10 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
+from nemo_tau2.models.model_shape import transformer_blocks
 from nemo_tau2.models.policy.config import PolicyConfig
 
 logger = logging.getLogger(__name__)
-
-
-def transformer_blocks(model: PreTrainedModel) -> list[torch.nn.Module]:
-    """The model's repeated blocks: modules whose class is in ``model._no_split_modules`` (what accelerate uses)."""
-    names = set(getattr(model, "_no_split_modules", None) or [])
-    blocks = [module for module in model.modules() if type(module).__name__ in names]
-    if not blocks:
-        raise ValueError(
-            f"{type(model).__name__} names no transformer block class (_no_split_modules={sorted(names)}): "
-            "cannot shard it per block with FSDP2"
-        )
-    return blocks
 
 
 def empty_model(config: PretrainedConfig) -> PreTrainedModel:
@@ -54,11 +45,11 @@ def empty_model(config: PretrainedConfig) -> PreTrainedModel:
     return model
 
 
-def _shard(model: PreTrainedModel, mesh: DeviceMesh, cfg: PolicyConfig) -> None:
+def _shard(model: PreTrainedModel, mesh: DeviceMesh, cfg: PolicyConfig, *, reshard: bool) -> None:
     mp_policy = MixedPrecisionPolicy(param_dtype=cfg.compute_dtype, reduce_dtype=torch.float32)
     offload = CPUOffloadPolicy(pin_memory=True) if cfg.dtensor_cfg.cpu_offload else OffloadPolicy()
     for block in transformer_blocks(model):
-        fully_shard(block, mesh=mesh, mp_policy=mp_policy, offload_policy=offload, reshard_after_forward=True)
+        fully_shard(block, mesh=mesh, mp_policy=mp_policy, offload_policy=offload, reshard_after_forward=reshard)
     # The root (embeddings, LM head) stays gathered from its forward to its backward, as FSDP2 does by default.
     fully_shard(model, mesh=mesh, mp_policy=mp_policy, offload_policy=offload)
     for module in model.modules():
@@ -88,9 +79,8 @@ def shard_policy_model(
         model: On rank 0 the real model (fp32, any device); on other ranks :func:`empty_model` of its config.
     """
     full_state = model.state_dict() if rank == 0 else {}
-    if cfg.activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    _shard(model, mesh, cfg)  # moves rank 0's shards and buffers to the device (shards to host with cpu_offload)
+    # moves rank 0's shards and buffers to the device (shards to host with cpu_offload)
+    _shard(model, mesh, cfg, reshard=cfg.dtensor_cfg.reshards(mesh.size()))
     if rank != 0:
         _materialise(model, cfg, device)
     set_model_state_dict(model, full_state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
@@ -108,7 +98,7 @@ def sharded_reference_model(
     reference = empty_model(policy_model.config)
     for param in reference.parameters():  # parameters in the compute dtype; buffers (rotary) stay fp32
         param.data = param.data.to(cfg.compute_dtype)
-    _shard(reference, mesh, cfg)
+    _shard(reference, mesh, cfg, reshard=True)  # no backward comes to free what a forward gathered
     _materialise(reference, cfg, device)
     with torch.no_grad():
         for target, source in zip(reference.parameters(), policy_model.parameters(), strict=True):

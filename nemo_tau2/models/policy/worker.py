@@ -30,6 +30,7 @@ from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from nemo_tau2.models.policy import sharding
+from nemo_tau2.models.policy.blocks import prepare_blocks
 from nemo_tau2.models.policy.building import (
     build_optimizer,
     build_scheduler,
@@ -47,7 +48,7 @@ from nemo_tau2.models.policy.checkpoint import (
 from nemo_tau2.models.policy.config import PolicyConfig
 from nemo_tau2.models.policy.data import TrainingBatch, TrainingSequence, collate, next_token_entropy, token_logprobs
 from nemo_tau2.models.policy.interfaces import LossFunction
-from nemo_tau2.models.policy.packed_attention import use_packed_attention
+from nemo_tau2.models.policy.packed_attention import attention_plan, use_packed_attention, uses_varlen_kernel
 from nemo_tau2.models.policy.weights import iter_full_state_dict, shapes, write_safetensors
 
 logger = logging.getLogger(__name__)
@@ -148,21 +149,21 @@ class PolicyWorker:
         cfg = self.cfg
         if cfg.sequence_packing.enabled:
             use_packed_attention(self.model)
+        if not self.sharded:
+            self.model = self.model.to(device=self.device, dtype=torch.float32)
+            if self._in_group:
+                with torch.no_grad():
+                    for tensor in [*self.model.parameters(), *self.model.buffers()]:
+                        dist.broadcast(tensor.data, src=0)
+            if self._init_reference_model:  # a copy of the plain blocks, before they are checkpointed and compiled
+                self.reference_model = sharding.unsharded_reference_model(self.model)
+        self.activation_checkpointing = prepare_blocks(self.model, cfg, reference=self._init_reference_model)
+        self._varlen_kernel = uses_varlen_kernel(self.model, self.device, cfg.compute_dtype)
         if self.sharded:
             mesh = sharding.device_mesh(self.device, self.world_size)
             self.model = sharding.shard_policy_model(self.model, cfg, mesh, self.device, self.rank)
             if self._init_reference_model:
                 self.reference_model = sharding.sharded_reference_model(self.model, cfg, mesh, self.device)
-        else:
-            self.model = self.model.to(device=self.device, dtype=torch.float32)
-            if cfg.activation_checkpointing:
-                self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            if self._in_group:
-                with torch.no_grad():
-                    for tensor in [*self.model.parameters(), *self.model.buffers()]:
-                        dist.broadcast(tensor.data, src=0)
-            if self._init_reference_model:
-                self.reference_model = sharding.unsharded_reference_model(self.model)
         warn_on_dropout(self.model)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(cfg, self.params)
@@ -190,6 +191,8 @@ class PolicyWorker:
         with self._autocast():
             if batch.packed is not None:
                 inputs = {"input_ids": batch.packed.input_ids, "position_ids": batch.packed.position_ids}
+                if self.cfg.sequence_packing.attention == "varlen":
+                    inputs |= attention_plan(batch.packed.segment_lengths, self.device, self._varlen_kernel)
             else:
                 inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
             return model(**inputs, use_cache=False).logits

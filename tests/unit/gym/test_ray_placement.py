@@ -46,7 +46,8 @@ from nemo_tau2.gym.stack import (
     USER_MODEL,
     ServerGroup,
 )
-from nemo_tau2.models.policy import Policy, TrainingSequence
+from nemo_tau2.models.policy import TrainingSequence
+from nemo_tau2.models.policy.lm_policy import Policy
 from nemo_tau2.tau2_env.gym_rows import task_row
 from tests.sigterm import as_from_a_terminal
 

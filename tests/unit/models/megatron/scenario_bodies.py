@@ -187,7 +187,8 @@ def training(tmp: Path, tp: int = 1, pp: int = 1, with_plain_reference: bool = F
 
 
 def _plain_reference(tmp: Path, hf_model, tokenizer, sequences, loss_fn, packed: bool, precision: str) -> dict:
-    from nemo_tau2.models.policy import Policy, PolicyConfig
+    from nemo_tau2.models.policy import PolicyConfig
+    from nemo_tau2.models.policy.lm_policy import Policy
 
     cfg = PolicyConfig(
         model_name=str(tmp / "hf"),

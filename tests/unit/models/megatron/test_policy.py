@@ -20,8 +20,9 @@ from transformers import AutoModelForCausalLM
 
 from nemo_tau2.algorithms.loss import ClippedPGLossConfig, ClippedPGLossFn
 from nemo_tau2.generation.tiny_model import build_tiny_model
-from nemo_tau2.models.policy import Policy, PolicyConfig, step_dir
+from nemo_tau2.models.policy import PolicyConfig, step_dir
 from nemo_tau2.models.policy.checkpoint import CheckpointMismatchError
+from nemo_tau2.models.policy.lm_policy import Policy
 from tests.torch_threads import _one_torch_thread  # noqa: F401  (autouse)
 from tests.unit.models.policy.conftest import make_sequences
 

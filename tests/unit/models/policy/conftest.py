@@ -7,7 +7,8 @@ import torch
 
 from nemo_tau2.algorithms.loss import ClippedPGLossConfig, ClippedPGLossFn
 from nemo_tau2.generation.tiny_model import TinyModel, build_tiny_model
-from nemo_tau2.models.policy import Policy, PolicyConfig, TrainingSequence
+from nemo_tau2.models.policy import PolicyConfig, TrainingSequence
+from nemo_tau2.models.policy.lm_policy import Policy
 from tests.torch_threads import _one_torch_thread  # noqa: F401  (autouse)
 
 NO_KL = ClippedPGLossFn(ClippedPGLossConfig(reference_policy_kl_penalty=0.0))

@@ -9,7 +9,8 @@ import pytest
 import ray
 import torch
 
-from nemo_tau2.models.policy import Policy, step_dir
+from nemo_tau2.models.policy import step_dir
+from nemo_tau2.models.policy.lm_policy import Policy
 
 from .conftest import NO_KL, make_sequences, policy_config, with_prev_logprobs
 

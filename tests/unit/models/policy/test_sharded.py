@@ -16,7 +16,8 @@ from nemo_tau2.algorithms.loss import ClippedPGLossConfig, ClippedPGLossFn
 from nemo_tau2.generation import GenerationConfig, start_generation
 from nemo_tau2.generation.surface_check import call_json
 from nemo_tau2.generation.vllm_launcher import VllmReplicas, served_model_layout
-from nemo_tau2.models.policy import Policy, step_dir
+from nemo_tau2.models.policy import step_dir
+from nemo_tau2.models.policy.lm_policy import Policy
 
 from .conftest import NO_KL, make_sequences, policy_config, with_prev_logprobs
 from .test_training import assert_same_weights, perturbed

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from nemo_tau2.algorithms.loss import ClippedPGLossConfig, ClippedPGLossFn
-from nemo_tau2.models.policy import Policy, TrainingSequence
+from nemo_tau2.models.policy import TrainingSequence
+from nemo_tau2.models.policy.lm_policy import Policy
 
 from .conftest import NO_KL, make_policy, make_sequences, policy_config, weights, with_prev_logprobs
 

@@ -1,0 +1,103 @@
+"""``bench/gpu_check.py --levers``: the trainer's speed levers, each toggled off on its own at the timed shape.
+
+For one shape and its timed micro-batch (the largest that fits up to the recipe's), a fresh model with the same
+seed is trained with every lever at its default ("all on"), then once per lever with that lever set to its old
+value. Each run: the policy's logprobs of the batch, then ``steps`` timed GRPO steps. One JSON field per lever,
+``lever_<name>``: tokens/s and MFU with and without it, their ratio, and the largest logprob and first-step loss
+differences against the all-on run (equality within bf16 tolerance is part of the check, not only speed).
+
+Levers (``models/policy``; the off value is what the trainer did before each lever):
+
+- ``varlen_attention``: ``sequence_packing.attention`` varlen vs per_sequence;
+- ``torch_compile``: ``dtensor_cfg.torch_compile`` true vs false;
+- ``activation_checkpointing``: ``auto`` (chosen from the memory plan; the record names the mode) vs ``full``;
+- ``reshard_after_forward``: the one-rank default (false) vs true.
+"""
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from nemo_tau2.models.policy import PolicyConfig, TrainingSequence
+from nemo_tau2.models.policy.lm_policy import Policy
+
+LEVERS_OFF = {
+    "varlen_attention": {"sequence_packing": {"attention": "per_sequence"}},
+    "torch_compile": {"dtensor_cfg": {"torch_compile": False}},
+    "activation_checkpointing": {"dtensor_cfg": {"activation_checkpointing": "full"}},
+    "reshard_after_forward": {"dtensor_cfg": {"reshard_after_forward": True}},
+}
+ALL_ON = {"dtensor_cfg": {"activation_checkpointing": "auto", "torch_compile": None, "reshard_after_forward": None},
+          "sequence_packing": {"attention": "varlen"}}  # fmt: skip
+
+
+def _with(cfg: PolicyConfig, *changes: dict) -> PolicyConfig:
+    fields = cfg.model_dump()
+    for change in changes:
+        for block, values in change.items():
+            fields[block] = fields[block] | values
+    return PolicyConfig(**fields)
+
+
+def _step(policy: Policy, sequences: list[TrainingSequence], loss) -> tuple[float, float, float]:
+    """One GRPO step of the trainer (logprobs, reference logprobs, train): its two times and the loss."""
+    started = time.perf_counter()
+    for seq, lp, ref in zip(sequences, policy.get_logprobs(sequences),
+                            policy.get_reference_policy_logprobs(sequences), strict=True):  # fmt: skip
+        seq.prev_logprobs, seq.reference_logprobs = lp, ref
+    scored = time.perf_counter()
+    metrics = policy.train(sequences, loss)
+    return scored - started, time.perf_counter() - scored, metrics["loss"]
+
+
+def _run(cfg: PolicyConfig, config, tokenizer, sequences: list[TrainingSequence], steps: int, loss,
+         figures: Callable, free: Callable) -> dict:  # fmt: skip
+    """A fresh model (seed 0) under ``cfg``: its logprobs of ``sequences``, then a first (compiling) step and
+    ``steps`` timed ones."""
+    torch.manual_seed(0)
+    with torch.device(cfg.device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    policy = Policy(cfg, model=model, tokenizer=tokenizer, init_reference_model=True)
+    try:
+        logprobs = policy.get_logprobs(sequences)
+        runs = [_step(policy, sequences, loss) for _ in range(steps + 1)]
+        result = figures([len(s) for s in sequences], statistics.median(r[0] for r in runs[1:]),
+                         statistics.median(r[1] for r in runs[1:]))  # fmt: skip
+        result["first_step_s"] = round(runs[0][0] + runs[0][1], 3)
+        result["activation_checkpointing"] = getattr(policy._workers.worker, "activation_checkpointing", None)
+        return {"result": result, "logprobs": logprobs, "loss": runs[0][2]}
+    finally:
+        policy.shutdown()
+        del policy, model
+        free()
+
+
+def measure_levers(cfg: PolicyConfig, config, tokenizer, sequences: list[TrainingSequence], steps: int, loss,
+                   figures: Callable, free: Callable) -> dict:  # fmt: skip
+    """``{"levers_all_on": ..., "lever_<name>": ...}`` for ``cfg``'s shape (``config``) at ``sequences``."""
+    fresh = [TrainingSequence(s.token_ids, s.token_mask, s.generation_logprobs, s.advantage) for s in sequences]
+    try:
+        base = _run(_with(cfg, ALL_ON), config, tokenizer, fresh, steps, loss, figures, free)
+    except Exception as e:  # noqa: BLE001  (the record says why)
+        return {"levers_error": f"all levers on: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+    out = {"levers_all_on": base["result"]}
+    for name, change in LEVERS_OFF.items():
+        fresh = [TrainingSequence(s.token_ids, s.token_mask, s.generation_logprobs, s.advantage) for s in sequences]
+        try:
+            off = _run(_with(cfg, ALL_ON, change), config, tokenizer, fresh, steps, loss, figures, free)
+        except Exception as e:  # noqa: BLE001
+            out[f"lever_{name}"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+            continue
+        on_speed, off_speed = base["result"]["train_tokens_per_s"], off["result"]["train_tokens_per_s"]
+        diff = max(abs(a - b) for x, y in zip(base["logprobs"], off["logprobs"], strict=True)
+                   for a, b in zip(x, y, strict=True))  # fmt: skip
+        out[f"lever_{name}"] = {
+            "on_train_tokens_per_s": on_speed, "off_train_tokens_per_s": off_speed,
+            "on_train_mfu": base["result"]["train_mfu"], "off_train_mfu": off["result"]["train_mfu"],
+            "speedup": round(on_speed / off_speed, 3), "max_abs_logprob_diff": round(diff, 5),
+            "first_loss_diff": abs(base["loss"] - off["loss"]), "off": off["result"],
+        }  # fmt: skip
+    return out
