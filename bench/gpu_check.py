@@ -169,7 +169,8 @@ def check_shape(key: str, name: str, config, device: torch.device, sizes: dict, 
     layers = fitting_depth(with_budget(cfg, timed_budget), full, cluster)
     shape = with_blocks(full, layers)
     record: dict = {"shape": name, "layers": layers, "layers_full": full.num_blocks, "parameters": shape.parameters,
-                    "activation_checkpointing": cfg.activation_checkpointing}  # fmt: skip
+                    "activation_checkpointing": cfg.activation_checkpointing,
+                    "reshard_after_forward": cfg.dtensor_cfg.reshards(cfg.num_workers)}  # fmt: skip
     if device.type == "cuda":
         record["device_memory_bytes"] = float(torch.cuda.get_device_properties(device).total_memory)
     skipped = [why for why in (budget.allows("torch", key),) if why]

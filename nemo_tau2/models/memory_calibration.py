@@ -101,14 +101,17 @@ def needs_correction(measurements: Sequence[PeakMeasurement]) -> bool:
 
 
 def kit_policy_config(name: str, tokens: int, *, device: str, chunk: int, max_len: int,
-                      activation_checkpointing: bool = True) -> PolicyConfig:  # fmt: skip
+                      activation_checkpointing: bool = True,
+                      reshard_after_forward: bool | None = None) -> PolicyConfig:  # fmt: skip
     """The trainer config ``bench/gpu_check.py`` measures a shape with: one FSDP2 rank, packed micro-batches of
-    ``tokens``, the reference model; bf16 on a GPU, fp32 on CPU (the dry run)."""
+    ``tokens``, the reference model; bf16 on a GPU, fp32 on CPU (the dry run). ``reshard_after_forward``: None is the
+    trainer's default (a record names what it ran with)."""
     return PolicyConfig(model_name=name, train_global_batch_size=1 << 20, train_micro_batch_size=1,
                         max_total_sequence_length=min(max_len, tokens),
                         precision="bfloat16" if device == "cuda" else "float32", logprob_chunk_size=chunk,
                         device=device,
-                        dtensor_cfg={"enabled": True, "activation_checkpointing": activation_checkpointing},
+                        dtensor_cfg={"enabled": True, "activation_checkpointing": activation_checkpointing,
+                                     "reshard_after_forward": reshard_after_forward},
                         sequence_packing={"enabled": True, "train_mb_tokens": tokens})  # fmt: skip
 
 
@@ -152,10 +155,12 @@ def ladder_points(records: Sequence[dict], shapes: dict[str, ModelShape]) -> lis
     for r in ladders:
         shape = with_blocks(shapes[r["shape"]], r["layers"])
         checkpointing = r.get("activation_checkpointing", True)
+        resharded = r.get("reshard_after_forward", True)  # records before the key: FSDP2's default, resharding
         memory = r.get("device_memory_bytes") or largest[r["device"]]
         for index, row in enumerate(r["ladder"]):
             cfg = kit_policy_config(r["shape"], row["tokens"], device="cuda", chunk=r.get("logprob_chunk_size", 1024),
-                                    max_len=32768, activation_checkpointing=checkpointing)  # fmt: skip
+                                    max_len=32768, activation_checkpointing=checkpointing,
+                                    reshard_after_forward=resharded)  # fmt: skip
             plan = memory_plan.trainer_plan(cfg, shape, reference=True, budget=(memory, r["device"]))
             peak = row.get("peak_bytes") if row["fits"] else None
             saturated = peak is not None and peak >= SATURATED * memory
