@@ -317,8 +317,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-generation", action="store_true", help="skip the hf engine's generation speed")
     parser.add_argument("--backends", default="torch,megatron", help="trainer backends to measure (torch,megatron)")
     parser.add_argument("--out", help="also append every JSON line to this file as it is produced")
-    parser.add_argument("--levers", action="store_true", help="re-measure the timed micro-batch with each trainer "
-                        "speed lever off in turn (gpu_check_levers.py): one lever_<name> field each")
+    levers_help = "re-measure the timed micro-batch with each trainer speed lever off in turn (gpu_check_levers.py)"
+    parser.add_argument("--levers", action="store_true", help=levers_help + ": one lever_<name> field each")
     parser.add_argument("--write-calibration", metavar="FILE", help="write the memory plan's calibration (JSON)")
     args = parser.parse_args(argv)
     names = args.shapes.split(",") if args.shapes else list(SHAPES)

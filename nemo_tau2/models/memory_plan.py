@@ -42,9 +42,8 @@ import os
 from dataclasses import dataclass, field
 
 from nemo_tau2.cluster import ClusterConfig
+from nemo_tau2.models.activation_memory import block_activation_parts, trainer_activation_bytes
 from nemo_tau2.models.memory_constants import (
-    ACTIVATION_BYTES_SCALE,
-    CHECKPOINT_RECOMPUTE_FRACTION,
     OPTIMIZER_STEP_BYTES_PER_PARAM,
     RUNTIME_OVERHEAD_BYTES,
     TOKEN_BYTES_SCALE,
@@ -106,20 +105,6 @@ def _optimizer_bytes_per_param(cfg: PolicyConfig) -> tuple[int, str | None]:
         momentum = float(cfg.optimizer.kwargs.get("momentum", 0) or 0)
         return (4 if momentum else 0), None
     return 8, f"optimizer {name}: assumed 8 bytes of state per parameter"
-
-
-def _block_activation_parts(m: ModelShape, c: int) -> tuple[float, float]:
-    """What autograd keeps for one token through one Llama/Qwen block (c: bytes of the compute dtype), in two parts:
-    the norms and the attention and MLP inputs (whole on every Megatron TP rank), and the outputs of the matrices
-    tensor parallelism splits (q/k/v, q/k norms, attention out; gate, act(gate), up, down input)."""
-    h, i, q, kv = m.hidden_size, m.intermediate_size, m.attention_width, m.kv_width
-    norms = 2 * (4 * h + c * h)  # two RMSNorms: fp32 input and the normalised output
-    inputs = 2 * c * h  # of qkv and of gate/up
-    return norms + inputs, c * (q + 2 * kv) + 4 * (q + kv) + 2 * c * q + 4 * c * i
-
-
-def _activation_bytes_per_token_per_block(m: ModelShape, c: int) -> float:
-    return sum(_block_activation_parts(m, c))
 
 
 CHECKPOINTING_MODES = ("none", "selective", "full")  # least recompute first: what auto tries, in order
@@ -189,17 +174,8 @@ def trainer_plan(cfg: PolicyConfig, m: ModelShape, *, reference: bool, budget: t
         if cfg.sequence_packing.enabled
         else cfg.train_micro_batch_size * (cfg.max_total_sequence_length)
     )
-    per_block = _activation_bytes_per_token_per_block(m, c)
     checkpointing = resolve_activation_checkpointing(cfg, m, reference=reference, budget=budget)
-    if checkpointing == "full":
-        activations = tokens * (m.num_blocks * c * m.hidden_size + CHECKPOINT_RECOMPUTE_FRACTION * per_block)
-        label = f"activations, {tokens} tokens (checkpointed: block inputs + part of 1 block)"
-    elif checkpointing == "selective":  # block input, matmul and attention outputs (models.policy.blocks) + 1 block
-        kept = c * (3 * m.hidden_size + 2 * m.attention_width + 2 * m.kv_width + 2 * m.intermediate_size)
-        activations, label = tokens * (m.num_blocks * kept + per_block), f"activations, {tokens} tokens (selective)"
-    else:
-        activations = tokens * m.num_blocks * per_block * ACTIVATION_BYTES_SCALE
-        label = f"activations, {tokens} tokens ({m.num_blocks} blocks)"
+    activations, label = trainer_activation_bytes(m, c, tokens, checkpointing)
     chunk = min(cfg.logprob_chunk_size or tokens, tokens)
     logits = tokens * m.vocab_size * (2 * c) + chunk * m.vocab_size * 12  # logits + grad; fp32 chunk + entropy
     logits_label = f"logits (vocab {m.vocab_size}, fp32 softmax over {chunk} positions at a time)"
@@ -226,7 +202,7 @@ def _megatron_trainer_plan(
     if reference:  # the worker keeps the initial weights on the host and swaps them in (the current ones out)
         plan.host_items["reference model (compute dtype, swapped in from host memory)"] = c * share
         plan.host_items["current weights while the reference is swapped in"] = c * share
-    whole, split = _block_activation_parts(m, c)  # whole on every TP rank unless sequence parallelism splits it
+    whole, split = block_activation_parts(m, c)  # whole on every TP rank unless sequence parallelism splits it
     per_layer = (whole + split) / tp if mc.sequence_parallel else whole + split / tp
     tokens = cfg.train_micro_batch_size * cfg.max_total_sequence_length
     if mc.activation_checkpointing:  # 1F1B: the first stage keeps pp micro-batches of its layers in flight
