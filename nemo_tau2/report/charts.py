@@ -42,8 +42,12 @@ def new_figure(title: str, *, height: int = 280, **kwargs: Any):
     return fig
 
 
-def finish_legend(fig, location: str = "top_right") -> None:
+def finish_legend(fig, location: str = "top_right", *, outside: bool = False) -> None:
+    """Style the legend; ``outside`` moves it below the plot (several runs: a key over the data would hide it)."""
     if fig.legend:
+        if outside and fig.legend[0] not in fig.below:
+            fig.add_layout(fig.legend[0], "below")
+            fig.legend.orientation = "vertical"
         fig.legend.location = location
         fig.legend.click_policy = "hide"
         fig.legend.label_text_font = FONT
@@ -100,7 +104,7 @@ def dodged_bars(title: str, factors: Sequence[Any], series: list[tuple[str, str,
     fig.height = 330
     fig.xgrid.grid_line_color = None
     fig.y_range.start = 0
-    finish_legend(fig)
+    finish_legend(fig, "top_left", outside=len(series) > 1)
     return fig
 
 
@@ -150,5 +154,5 @@ def box_plot(title: str, groups: Sequence[str], series: list[tuple[str, str, lis
         )
     )
     fig.xgrid.grid_line_color = None
-    finish_legend(fig)
+    finish_legend(fig, "top_left", outside=len(series) > 1)
     return fig

@@ -61,7 +61,9 @@ def pass_k_figures(runs: list[EvalRun]) -> list:
                 ]
             )
         )
-        finish_legend(fig, "bottom_left")
+        finish_legend(fig, "bottom_left", outside=len(runs) > 1)
+        if len(runs) > 1:
+            fig.height += 30 * len(runs) * 2  # room for the key below
         figures.append(fig)
     return figures
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from nemo_tau2.evals.metrics import EpisodeRecord, compute_eval_metrics
 from nemo_tau2.evals.results import (
     CONFIG_FILE,
@@ -86,8 +88,8 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     with path.open("rb") as f:
         for line in f:
             try:
-                record = json.loads(line)
-            except ValueError:
+                record = orjson.loads(line)  # a 400-episode log with token ids is ~150 MB: orjson reads it 3x faster
+            except orjson.JSONDecodeError:
                 continue
             if isinstance(record, dict):
                 records.append(record)

@@ -77,7 +77,7 @@ def training_figures(runs: list[TrainingRun]) -> tuple[list, list[str]]:
     """The training charts in page order, and a note for each chart no run had metrics for."""
     specs: list[tuple[str, list[tuple[str, str, str]], str, dict[str, Any]]] = [
         (
-            "Success over steps (train batches, validation pass@1)",
+            "Success: train batches, validation pass@1",
             _per_domain(runs, "train/{scope}/success_rate", "val/{scope}/pass@1", "success", "pass@1"),
             "success",
             {"y_range": (-0.03, 1.03)},
@@ -155,5 +155,6 @@ def timing_figure(run: TrainingRun, index: int):
         HoverTool(tooltips=[("step", "@step"), *((label, f"@{{{label}}}{{0.0}} s") for _, label, _ in phases)])
     )
     fig.y_range.start = 0
-    finish_legend(fig, "top_left")
+    fig.add_layout(fig.legend[0], "right")  # beside the bars, never over them
+    finish_legend(fig)
     return fig

@@ -20,6 +20,10 @@
   }
 
   function json(value) {
+    return typeof value === "string" ? value : JSON.stringify(value);
+  }
+
+  function pretty(value) {
     return typeof value === "string" ? value : JSON.stringify(value, null, 1);
   }
 
@@ -93,7 +97,7 @@
     body.append(table);
     for (const [name, value] of Object.entries(episode.checks)) {
       const d = el("details", "system");
-      d.append(el("summary", null, name), el("pre", "sys", json(value)));
+      d.append(el("summary", null, name), el("pre", "sys", pretty(value)));
       body.append(d);
     }
 
