@@ -58,6 +58,11 @@ def main() -> int:
     if infra:
         print(f"\n{infra} episode(s) failed for infrastructure reasons (not scored; rerun to retry them)")
     print(f"\nresults: {cfg.eval.save_path}/summary.json, {cfg.eval.save_path}/rollouts.jsonl")
+    if cfg.logger.report:  # logger.report=false turns it off
+        from nemo_tau2.report.build import write_run_report
+
+        if (report := write_run_report(cfg.eval.save_path)) is not None:
+            print(f"report: {report}")
     return 0
 
 

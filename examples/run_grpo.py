@@ -111,6 +111,7 @@ def _main() -> int:
         progress.close()
         setup.close()
     print(f"\nmetrics: {cfg.logger.log_dir}/metrics.jsonl; checkpoints: {cfg.checkpointing.checkpoint_dir}")
+    training_cli.print_report(cfg.logger)
     return 0
 
 

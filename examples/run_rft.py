@@ -71,6 +71,7 @@ def _main() -> int:
         setup.close()
     final = Path(cfg.checkpointing.checkpoint_dir) / rft.FINAL_HF_DIR
     print(f"\nmetrics: {cfg.logger.log_dir}/metrics.jsonl; final model: {final}")
+    training_cli.print_report(cfg.logger)
     return 0
 
 

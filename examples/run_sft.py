@@ -99,6 +99,7 @@ def _main() -> int:
         progress.close()
         setup.close()
     print(f"\nmetrics: {cfg.logger.log_dir}/metrics.jsonl; final model: {sft.final_hf_dir(cfg)}")
+    training_cli.print_report(cfg.logger)
     return 0
 
 

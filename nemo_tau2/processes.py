@@ -57,6 +57,11 @@ def register_secret(value: str | None) -> None:
         _SECRET_VALUES.add(value)
 
 
+def registered_secrets() -> frozenset[str]:
+    """The secrets :func:`register_secret` was given (what a report must scrub from the text it embeds)."""
+    return frozenset(_SECRET_VALUES)
+
+
 HUB_TOKEN_VARIABLES = frozenset({"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"})
 """The Hugging Face Hub's credential: kept for processes that load models by name (a gated model needs it)."""
 

@@ -300,7 +300,8 @@ def grpo_train(s: GRPOSetup, on_step: Callable[[int, dict[str, float]], None] | 
         if s.val_rows and (
             (cfg.grpo.val_period and done % cfg.grpo.val_period == 0) or (last and cfg.grpo.val_at_end)
         ):
-            metrics |= validate(s, done)
+            with _timed(metrics, "validation"):  # timing/validation_s: the report stacks it on the step's time
+                metrics |= validate(s, done)
         s.metrics_logger.log(done, metrics)  # before the checkpoint: a kill in between re-runs and re-logs the step
         if cfg.checkpointing.enabled and (done % cfg.checkpointing.save_period == 0 or last):
             save_checkpoint(s, done)

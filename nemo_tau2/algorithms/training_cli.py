@@ -102,6 +102,16 @@ def starting() -> Iterator[None]:
         raise Stop(2, f"error: {e}") from None
 
 
+def print_report(logger_cfg: Any) -> None:
+    """At the end of a run, ``<logger.log_dir>/report.html`` and its path (``logger.report=false``: neither)."""
+    if not logger_cfg.report:
+        return
+    from nemo_tau2.report.build import write_run_report
+
+    if (report := write_run_report(logger_cfg.log_dir)) is not None:
+        print(f"report: {report}")
+
+
 def interrupted(checkpoint_dir: str | Path) -> Stop:
     """Ctrl-C: exit 130, saying that the same command resumes from the run's checkpoints."""
     return Stop(130, f"\ninterrupted: rerun the same command to resume from the latest checkpoint in {checkpoint_dir}")

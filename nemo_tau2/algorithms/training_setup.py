@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_tau2.evals.metrics import EpisodeRecord, compute_eval_metrics
-from nemo_tau2.evals.results import RolloutLog, record_of
+from nemo_tau2.evals.results import RolloutLog, record_of, write_system_prompts
 from nemo_tau2.experience.progress import RolloutProgress
 from nemo_tau2.experience.rollouts import RolloutResult, SamplingParams, run_async_nemo_gym_rollout
 from nemo_tau2.generation.launch import GenerationHandle, start_generation
@@ -200,6 +200,8 @@ def validation_metrics(
     repeated = [row | {"sample_index": k} for row in rows for k in range(num_generations)]
     results: list[RolloutResult] = []
     log = RolloutLog(Path(save_dir)) if save_dir is not None else None
+    if save_dir is not None:
+        write_system_prompts(Path(save_dir), rows)
 
     async def collect() -> None:
         async for group in run_async_nemo_gym_rollout(

@@ -32,6 +32,7 @@ from nemo_tau2.evals.results import (
     record_of,
     write_evaluation_data,
     write_json_atomic,
+    write_system_prompts,
 )
 from nemo_tau2.experience.rollouts import OK, SamplingParams, run_async_nemo_gym_rollout
 from nemo_tau2.generation.llamacpp_server import SMOLLM2_FILE
@@ -230,6 +231,7 @@ def run_eval(cfg: EvalMasterConfig, raw: DictConfig) -> tuple[dict[str, Any], st
     save_dir = Path(cfg.eval.save_path)
     save_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(save_dir / CONFIG_FILE, redact_secrets(raw) | policy_model_names(cfg, raw))
+    write_system_prompts(save_dir, rows)
     log = RolloutLog(save_dir)
     try:
         done = {key for key in log.done() if key[:2] in {(str(r["domain"]), str(r["task_id"])) for r in rows}}

@@ -8,7 +8,7 @@ aside on open, so its episode is rerun. ``summary.json`` and ``config.json`` are
 """
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ ROLLOUTS_FILE = "rollouts.jsonl"
 SUMMARY_FILE = "summary.json"
 CONFIG_FILE = "config.json"
 EVALUATION_DATA_FILE = "evaluation_data.json"
+SYSTEM_PROMPTS_FILE = "system_prompts.json"
 
 EpisodeKey = tuple[str, str, int]
 
@@ -43,6 +44,36 @@ def record_of(result: RolloutResult, keep_transcript: bool) -> dict[str, Any]:
     return record
 
 
+def latest_records(records: Iterable[dict[str, Any]]) -> dict[EpisodeKey, dict[str, Any]]:
+    """The newest record per episode (records in file order), a valid outcome preferred over a later infrastructure
+    failure: what a resumed run keeps, and what a report shows."""
+    latest: dict[EpisodeKey, dict[str, Any]] = {}
+    for record in records:
+        key = episode_key(record)
+        if record["status"] == OK or key not in latest or latest[key]["status"] != OK:
+            latest[key] = record
+    return latest
+
+
+def write_system_prompts(save_dir: Path, rows: Iterable[dict[str, Any]]) -> None:
+    """``system_prompts.json``: each task's system prompt (the rows' first input message), stored once per distinct
+    prompt, so that a report can show what the policy was told without the rows (``{"prompts": [...], "tasks":
+    {"<domain>/<task_id>": index}}``)."""
+    prompts: list[str] = []
+    tasks: dict[str, int] = {}
+    for row in rows:
+        first = (row.get("responses_create_params") or {}).get("input") or [{}]
+        if first[0].get("role") != "system":
+            continue
+        text = first[0].get("content")
+        if not isinstance(text, str):
+            continue
+        if text not in prompts:
+            prompts.append(text)
+        tasks[f"{row['domain']}/{row['task_id']}"] = prompts.index(text)
+    write_json_atomic(save_dir / SYSTEM_PROMPTS_FILE, {"prompts": prompts, "tasks": tasks})
+
+
 class RolloutLog:
     """Append-only ``rollouts.jsonl`` with resume support."""
 
@@ -56,12 +87,7 @@ class RolloutLog:
 
     def latest(self) -> dict[EpisodeKey, dict[str, Any]]:
         """The newest record per episode, a valid outcome preferred over a later infrastructure failure."""
-        latest: dict[EpisodeKey, dict[str, Any]] = {}
-        for record in self.read():
-            key = episode_key(record)
-            if record["status"] == OK or key not in latest or latest[key]["status"] != OK:
-                latest[key] = record
-        return latest
+        return latest_records(self.read())
 
     def done(self) -> set[EpisodeKey]:
         return {key for key, record in self.latest().items() if record["status"] == OK}

@@ -29,6 +29,11 @@ class LoggerConfig(BaseModel):
     wandb_enabled: bool = False
     wandb_project: str = "nemo-tau2"
     wandb_name: str | None = None
+    report: bool = Field(
+        default=True,
+        description="At the end, write report.html (examples/report.py's self-contained report) into the "
+        "results folder (an evaluation's eval.save_path, a training run's log_dir) and print its path.",
+    )
 
 
 class MetricsLogger:

@@ -349,6 +349,10 @@ def test_run_grpo_killed_mid_run_resumes_where_its_last_checkpoint_left_off(tiny
     resumed_at = int(text.split("resuming: ")[1].split()[0])
     assert resumed_at >= 2
     assert (tmp_path / "checkpoints" / "step_4").is_dir()
+    assert f"report: {tmp_path / 'logs' / 'report.html'}" in text  # logger.report is on by default
+    report = (tmp_path / "logs" / "report.html").read_text()
+    assert "time per step by phase" in report and "Training throughput" in report
+    assert ("Async GRPO: trajectory age" in report) == bool(mode)
     records = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
     logged = [record["step"] for record in records]
     assert logged[-(4 - resumed_at) :] == list(range(resumed_at + 1, 5))

@@ -112,6 +112,12 @@ def test_a_partly_done_run_says_how_much_is_resumed(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resuming: 3 of 4 episodes already done" in result.stderr
+    assert f"report: {save / 'report.html'}" in result.stdout  # logger.report is on by default
+    assert "Evaluation: out" in (save / "report.html").read_text()
+    (save / "report.html").unlink()
+    off = _run(RUN_EVAL, "--config", str(FAKE), f"eval.save_path={save}", "data.domains=[airline]",
+               "data.num_tasks=1", "eval.bootstrap_samples=0", "logger.report=false", cwd=tmp_path)  # fmt: skip
+    assert off.returncode == 0 and "report:" not in off.stdout and not (save / "report.html").exists()
 
 
 def _torch_checkpoint(checkpoints: Path, step: int) -> None:
