@@ -16,6 +16,7 @@ the installed release's own classes or its version, here, so the same code is ri
 - **Output items.** 0.7.0's items gained optional fields (``phase`` on messages, ``namespace`` on function calls)
   that ``vllm_model`` dumps as null; :data:`OUTPUT_ITEM_NULLS` lists what the installed release's item models add
   beyond what every release has, so our items carry the same keys as ``vllm_model``'s.
+  Likewise :data:`FUNCTION_TOOL_NULLS` for the tools the Responses object echoes.
 - **Resources server routes.** 0.7.0's base adds ``POST /close_session`` and ``GET /reverify_mode``;
   :func:`add_route_if_missing` gives a server the route on 0.4.0 too (on 0.7.0 the base's route already calls the
   server's override).
@@ -30,6 +31,7 @@ from importlib.metadata import version
 
 from fastapi import FastAPI, Request, Response
 from nemo_gym.openai_utils import NeMoGymResponseFunctionToolCall, NeMoGymResponseOutputMessage
+from openai.types.responses import FunctionTool
 
 NEMO_GYM_VERSION = version("nemo-gym")
 
@@ -76,6 +78,9 @@ OUTPUT_ITEM_NULLS: dict[str, dict[str, None]] = {
 }
 """Per output item type, the null fields the installed release's item model adds (0.4.0: none; 0.7.0: ``phase`` on
 messages, ``namespace`` on function calls)."""
+FUNCTION_TOOL_NULLS: dict[str, None] = _optional_nulls(FunctionTool, frozenset({"name", "type"}))
+"""The optional fields of a function tool as the Responses object echoes it (vllm_model dumps the installed openai's
+``FunctionTool``: openai 2.44, NeMo-Gym 0.7.0's, adds ``defer_loading``)."""
 
 
 class OwnModelRoutes:

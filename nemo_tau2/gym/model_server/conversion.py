@@ -22,7 +22,7 @@ from nemo_gym.openai_utils import (
     NeMoGymResponseCreateParamsNonStreaming,
 )
 
-from nemo_tau2.gym.nemo_gym_compat import CHAT_MAPPING, OUTPUT_ITEM_NULLS
+from nemo_tau2.gym.nemo_gym_compat import CHAT_MAPPING, FUNCTION_TOOL_NULLS, OUTPUT_ITEM_NULLS
 
 TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
 RESPONSES_KEYS = frozenset(NeMoGymResponseCreateParamsNonStreaming.model_fields)
@@ -285,7 +285,7 @@ def response_object(
         output=output,
         parallel_tool_calls=body.get("parallel_tool_calls", True),
         tool_choice=body.get("tool_choice") or "auto",
-        tools=body.get("tools") or [],
+        tools=[FUNCTION_TOOL_NULLS | tool if isinstance(tool, dict) else tool for tool in body.get("tools") or []],
         incomplete_details={"reason": incomplete} if incomplete else None,
         usage=responses_usage(usage),
     )
