@@ -29,6 +29,7 @@ from nemo_gym.config_types import AggregateMetrics, AggregateMetricsRequest
 from nemo_gym.server_utils import SESSION_ID_KEY
 from starlette.middleware.sessions import SessionMiddleware
 
+from nemo_tau2.gym.nemo_gym_compat import OwnCancellation
 from nemo_tau2.request_guard import RequestBodyGuard
 
 logger = logging.getLogger(__name__)
@@ -78,9 +79,10 @@ class _ExceptionsAsJson:
 _SESSION_SECRET = secrets.token_urlsafe(32)  # per process: see the module docstring
 
 
-class FastMiddlewareMixin:
+class FastMiddlewareMixin(OwnCancellation):
     """Mix into a NeMo-Gym ``SimpleServer`` subclass (before the Gym base) to use these middlewares; its config
-    must include :class:`~nemo_tau2.gym.config_keys.RequestLimitsMixin`."""
+    must include :class:`~nemo_tau2.gym.config_keys.RequestLimitsMixin`. Cancellation on disconnect is per path
+    (:meth:`cancel_on_disconnect`), under NeMo-Gym's ``run_webserver`` too."""
 
     def setup_session_middleware(self, app: FastAPI) -> None:
         app.add_middleware(_AssignSessionId)  # inner: runs after SessionMiddleware has loaded the session

@@ -128,7 +128,9 @@ def main(argv: list[str] | None = None, secrets: dict[str, Any] | None = None) -
         sys.exit(f"{CONFIG_DICT_ENV} is not set: this module is started by nemo_tau2.gym.launch with the config")
     if secrets is None:
         secrets = json.loads(os.environ.pop(SECRETS_ENV, "{}"))
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from nemo_tau2.gym.nemo_gym_compat import configure_server_logging
+
+    configure_server_logging(args.log_level)
     os.environ[CONFIG_PATH_ENV] = args.instance_name
     global_config = OmegaConf.create(os.environ[CONFIG_DICT_ENV])
     try:

@@ -12,7 +12,10 @@ from nemo_tau2.gym.agent.tool_calls import ParsedCall, calls_from_text, parse_ar
 from nemo_tau2.json_arguments import json_arguments
 
 TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
-GENERATION_FIELDS = (*TOKEN_FIELDS, "weight_version")
+TOKEN_METADATA_FIELDS = (*TOKEN_FIELDS, "routed_experts")
+"""What NeMo-Gym treats as one unit (0.7.0 refuses an item with ``routed_experts`` but not the three token fields,
+even ``routed_experts: null``): kept together, stripped together."""
+GENERATION_FIELDS = (*TOKEN_METADATA_FIELDS, "weight_version")
 """What a policy turn's last output item says about its generation: the token fields and which weights sampled them."""
 
 
@@ -39,7 +42,7 @@ def message_item(role: str, text: str) -> dict:
 
 
 def without_token_ids(item: dict) -> dict:
-    return {key: value for key, value in item.items() if key not in TOKEN_FIELDS}
+    return {key: value for key, value in item.items() if key not in TOKEN_METADATA_FIELDS}
 
 
 def with_last_token_ids_only(items: list[dict]) -> list[dict]:

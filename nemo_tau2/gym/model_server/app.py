@@ -11,8 +11,12 @@ prefix cache holds the episode's history), new sessions go to the least busy liv
 be reached is routed around (:mod:`.routing`).
 
 What it does not do, refused at start-up or per request with a message naming the setting: Responses-native
-endpoints, reasoning parsers, ``sequential_reasoning_allowed: false``, audio metadata. For those, use NeMo-Gym's
-``vllm_model``; the tau2 agent works with either (NeMo-RL points ``policy_model`` at its own ``vllm_model``).
+endpoints, reasoning parsers, ``sequential_reasoning_allowed: false``, audio metadata, and every ``vllm_model`` key
+of NeMo-Gym 0.7.0 it does not implement (``sampling_overrides``, ``use_completions_api``, ``reasoning_field``...)
+set to anything but its default. For those, use NeMo-Gym's ``vllm_model``; the tau2 agent works with either
+(NeMo-RL points ``policy_model`` at its own ``vllm_model``). 0.7.0's ``supply_prefix_token_ids`` and
+``request_prompt_and_generation_token_ids`` are what this server always does with ``return_token_id_information``
+(the previous turn's token ids ride on the history for the endpoint's splice; prompt ids come with the completion).
 """
 
 from typing import Any
@@ -32,14 +36,27 @@ from nemo_tau2.gym.http_client import GymHttpClient, InfrastructureError, RetryC
 from nemo_tau2.gym.model_server.conversion import BadRequest
 from nemo_tau2.gym.model_server.endpoint import ChatEndpoint, EndpointError, read_request
 from nemo_tau2.gym.model_server.routing import ReplicaRouter, ReplicaRouting
+from nemo_tau2.gym.nemo_gym_compat import OwnModelRoutes
 from nemo_tau2.gym.serving import disable_ray_uv_runtime_env
 
 _ANTHROPIC = base_responses_api_model._ANTHROPIC_CONVERTER  # the converter NeMo-Gym's /v1/messages uses
-_UNSUPPORTED = {
-    "is_responses_native": True,
-    "uses_reasoning_parser": True,
-    "sequential_reasoning_allowed": False,
-}
+_ONLY_VALUE = {"is_responses_native": False, "uses_reasoning_parser": False, "sequential_reasoning_allowed": True}
+"""vllm_model keys this server implements for one value only."""
+_IMPLEMENTED = frozenset(
+    {
+        *("host", "port", "entrypoint", "name", "domain", "num_workers", "base_url", "api_key", "model"),
+        *("return_token_id_information", "uses_interleaved_reasoning", "replace_developer_role_with_system"),
+        *("chat_template_kwargs", "extra_body", "default_headers", "audio_root"),
+        # NeMo-Gym 0.7.0: what this server does either way (see the module docstring)
+        *("supply_prefix_token_ids", "request_prompt_and_generation_token_ids"),
+    }
+)
+"""vllm_model keys this server implements; any other key (of whichever NeMo-Gym release is installed) must keep
+its default."""
+
+
+def _shown(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else repr(value)
 
 
 class FastVLLMModelConfig(GymInstanceConfigMixin, RequestLimitsMixin, VLLMModelConfig):
@@ -59,7 +76,13 @@ class FastVLLMModelConfig(GymInstanceConfigMixin, RequestLimitsMixin, VLLMModelC
 
     @model_validator(mode="after")
     def _supported_settings(self) -> "FastVLLMModelConfig":
-        refused = [f"{key}: {str(bad).lower()}" for key, bad in _UNSUPPORTED.items() if getattr(self, key) is bad]
+        refused = []
+        for key, field in VLLMModelConfig.model_fields.items():
+            if key in _IMPLEMENTED:
+                continue
+            allowed = _ONLY_VALUE[key] if key in _ONLY_VALUE else field.get_default(call_default_factory=True)
+            if getattr(self, key) != allowed:
+                refused.append(f"{key}: {_shown(getattr(self, key))}")
         if refused:
             raise ValueError(
                 f"fast_vllm_model does not implement {', '.join(refused)}; use NeMo-Gym's vllm_model for that endpoint"
@@ -67,7 +90,7 @@ class FastVLLMModelConfig(GymInstanceConfigMixin, RequestLimitsMixin, VLLMModelC
         return self
 
 
-class FastVLLMModel(FastMiddlewareMixin, SimpleResponsesAPIModel):
+class FastVLLMModel(OwnModelRoutes, FastMiddlewareMixin, SimpleResponsesAPIModel):
     config: FastVLLMModelConfig
     _http: GymHttpClient = PrivateAttr()
     _endpoint: ChatEndpoint = PrivateAttr()

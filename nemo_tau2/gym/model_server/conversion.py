@@ -7,8 +7,10 @@ request carries the previous turn's prompt token ids, and validating and re-dump
 
 Input items become chat messages in order: assistant text, reasoning summaries (in ``<think>`` tags) and function
 calls accumulate into one assistant message, flushed by the next user/system/developer message or tool output;
-once an item carries ``prompt_token_ids``, every later assistant message carries that item's token ids (NeMo-RL's
-vLLM server uses them to keep the prompt's token ids identical to what was generated).
+once an item carries ``prompt_token_ids``, the assistant message it closes carries that item's token ids (on NeMo-Gym
+0.4.0 every later assistant message does too, as its vllm_model sends them), which NeMo-RL's vLLM server and our
+splice use to keep the prompt's token ids identical to what was generated. Where the two releases map differently,
+:data:`~nemo_tau2.gym.nemo_gym_compat.CHAT_MAPPING` says how.
 """
 
 import uuid
@@ -19,6 +21,8 @@ from nemo_gym.openai_utils import (
     NeMoGymResponse,
     NeMoGymResponseCreateParamsNonStreaming,
 )
+
+from nemo_tau2.gym.nemo_gym_compat import CHAT_MAPPING, FUNCTION_TOOL_NULLS, OUTPUT_ITEM_NULLS
 
 TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
 RESPONSES_KEYS = frozenset(NeMoGymResponseCreateParamsNonStreaming.model_fields)
@@ -44,6 +48,13 @@ _ECHOED = (
     "user",
 )
 _AUDIO_KEYS = ("audio_data", "audio_path", "audio_paths")
+_NO_CHAT_PARAMETER = (
+    *("background", "context_management", "conversation", "include", "max_tool_calls", "previous_response_id"),
+    *("prompt", "truncation"),
+)
+"""Responses parameters a chat request cannot express: refused when set where vllm_model refuses them (0.7.0)."""
+_NO_CHAT_COUNTERPART = {"message": "phase", "function_call": "namespace"}
+"""Item fields (NeMo-Gym 0.7.0) a chat message cannot carry: replayed as null, refused when set (as vllm_model)."""
 
 
 class BadRequest(ValueError):
@@ -54,25 +65,35 @@ class BadRequest(ValueError):
 def chat_messages(items: list[dict], with_token_ids: bool) -> list[dict]:
     """The chat messages for Responses input ``items``."""
     messages: list[dict] = []
-    pending_text, pending_calls = "", []
+    pending_text, pending_calls, pending_turn = "", [], False
     token_fields: dict[str, Any] | None = None
 
     def flush_assistant() -> None:
-        nonlocal pending_text, pending_calls
-        if not (pending_text or pending_calls):
+        nonlocal pending_text, pending_calls, pending_turn, token_fields
+        if not (pending_text or pending_calls or (pending_turn and CHAT_MAPPING.empty_assistant_turns_sent)):
+            if not CHAT_MAPPING.token_ids_on_later_assistant_messages:
+                token_fields = None
             return
-        message = {"content": pending_text or None, "role": "assistant", "tool_calls": pending_calls}
+        message = {"content": pending_text or None, "role": "assistant"}
+        if pending_calls or CHAT_MAPPING.empty_tool_calls_sent:
+            message["tool_calls"] = pending_calls
         messages.append(message | (token_fields or {}))
-        pending_text, pending_calls = "", []
+        pending_text, pending_calls, pending_turn = "", [], False
+        if not CHAT_MAPPING.token_ids_on_later_assistant_messages:
+            token_fields = None
 
     for index, item in enumerate(items):
         if not isinstance(item, dict):
             raise BadRequest(f"input[{index}] must be an object, got {type(item).__name__}")
         kind = item.get("type") or ("message" if item.get("role") else None)
+        if CHAT_MAPPING.refuses_what_chat_cannot_express and item.get(_NO_CHAT_COUNTERPART.get(kind, "")) is not None:
+            field = _NO_CHAT_COUNTERPART[kind]
+            raise BadRequest(f"input[{index}].{field} {item[field]!r} has no Chat Completions counterpart (send null)")
         if kind == "message":
             role, content = item.get("role"), item.get("content")
             if role == "assistant":
                 pending_text += _assistant_text(content, index)
+                pending_turn = True
             elif role in ("user", "system", "developer"):
                 flush_assistant()
                 messages.append({"content": _input_content(content, index), "role": role})
@@ -80,10 +101,12 @@ def chat_messages(items: list[dict], with_token_ids: bool) -> list[dict]:
                 raise BadRequest(f"input[{index}].role {role!r} is not user, system, developer or assistant")
         elif kind == "reasoning":
             pending_text += think_tags([part["text"] for part in item.get("summary") or []])
+            pending_turn = True
         elif kind == "function_call":
             _require(item, index, "call_id", "name", "arguments")
             function = {"arguments": item["arguments"], "name": item["name"]}
             pending_calls.append({"id": item["call_id"], "function": function, "type": "function"})
+            pending_turn = True
         elif kind == "function_call_output":
             _require(item, index, "call_id", "output")
             flush_assistant()
@@ -158,13 +181,35 @@ def chat_request(body: dict, with_token_ids: bool) -> dict:
         items = [{"content": [{"text": items, "type": "input_text"}], "role": "user", "type": "message"}]
     elif not isinstance(items, list):
         raise BadRequest(f"input must be a string or a list of items, got {type(items).__name__}")
+    unrepresentable = sorted(key for key in _NO_CHAT_PARAMETER if body.get(key) is not None)
+    if unrepresentable and CHAT_MAPPING.refuses_what_chat_cannot_express:
+        raise BadRequest(f"Responses parameter(s) {unrepresentable} have no Chat Completions counterpart")
     request = {key: value for key, value in body.items() if key in CHAT_KEYS and key not in ("tools", "model")}
     request["messages"] = chat_messages(items, with_token_ids)
+    if CHAT_MAPPING.instructions_as_system_message:
+        request["messages"] = _with_instructions(request["messages"], body.get("instructions"))
     if body.get("max_output_tokens") is not None:
         request["max_tokens"] = body["max_output_tokens"]
     if body.get("tools"):
         request["tools"] = chat_tools(body["tools"])
+    elif CHAT_MAPPING.tool_settings_only_with_tools:
+        request.pop("parallel_tool_calls", None)
+        if request.get("tool_choice") not in (None, "auto", "none"):
+            raise BadRequest(f"tool_choice {request['tool_choice']!r} needs at least one tool")
+        request.pop("tool_choice", None)
     return request
+
+
+def _with_instructions(messages: list[dict], instructions: str | None) -> list[dict]:
+    """``instructions`` open the context as the Responses API places them: one system message, with the leading
+    system/developer messages folded in after them (chat templates often take one system message, first)."""
+    if not instructions:
+        return messages
+    leading = [instructions]
+    while messages and messages[0]["role"] in ("system", "developer"):
+        content = messages.pop(0)["content"]
+        leading.append(content if isinstance(content, str) else "".join(part.get("text", "") for part in content))
+    return [{"content": "\n\n".join(leading), "role": "system"}, *messages]
 
 
 def refuse_streaming(body: dict) -> None:
@@ -192,6 +237,7 @@ def output_items(message: dict, token_fields: dict | None) -> list[dict]:
                 "status": "completed",
                 "type": "message",
             }
+            | OUTPUT_ITEM_NULLS["message"]
         )
     for call in calls:
         function = call["function"]
@@ -204,6 +250,7 @@ def output_items(message: dict, token_fields: dict | None) -> list[dict]:
                 "id": call["id"],
                 "status": "completed",
             }
+            | OUTPUT_ITEM_NULLS["function_call"]
         )
     if token_fields is not None:
         items[-1] = token_fields | {"routed_experts": message.get("routed_experts")} | items[-1]
@@ -238,7 +285,7 @@ def response_object(
         output=output,
         parallel_tool_calls=body.get("parallel_tool_calls", True),
         tool_choice=body.get("tool_choice") or "auto",
-        tools=body.get("tools") or [],
+        tools=[FUNCTION_TOOL_NULLS | tool if isinstance(tool, dict) else tool for tool in body.get("tools") or []],
         incomplete_details={"reason": incomplete} if incomplete else None,
         usage=responses_usage(usage),
     )

@@ -38,6 +38,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, field_validator
 
 from nemo_tau2.gym.config_keys import GymInstanceConfigMixin, RequestLimitsMixin
 from nemo_tau2.gym.fast_middleware import FastMiddlewareMixin
+from nemo_tau2.gym.nemo_gym_compat import add_route_if_missing
 from nemo_tau2.gym.resources_server.in_process import call_tool, score_episode, start_episode
 from nemo_tau2.gym.resources_server.release import WorkerEpisode, WorkerRelease
 from nemo_tau2.gym.resources_server.replay import RecordedAnswer, describe, fingerprint, idempotency_key
@@ -124,7 +125,9 @@ class Tau2VerifyResponse(BaseVerifyResponse):
     reward_info: dict[str, Any]
 
 
-_PROTOCOL_ROUTES = frozenset({"/", "/seed_session", "/verify", "/aggregate_metrics", "/end_session", "/session_stats"})
+_PROTOCOL_ROUTES = frozenset(
+    {"/", "/seed_session", "/verify", "/aggregate_metrics", "/end_session", "/close_session", "/session_stats"}
+)
 
 
 def _json_response(value: Any, status: int = 200) -> Response:
@@ -168,6 +171,8 @@ class Tau2ResourcesServer(FastMiddlewareMixin, SimpleResourcesServer):
             app.router.on_shutdown.append(self._release.close)
         app.get("/session_stats")(self.session_stats)
         app.post("/end_session")(self.end_session)
+        add_route_if_missing(app, "POST", "/close_session", self.close_resources_session)  # NeMo-Gym 0.7.0's
+        add_route_if_missing(app, "GET", "/reverify_mode", self.get_reverify_mode)
         app.post("/user_tools/{tool_name}")(self.user_tool)
         app.post("/{tool_name}")(self.agent_tool)
         app.router.on_startup.append(self._start_sweeper)
@@ -325,6 +330,18 @@ class Tau2ResourcesServer(FastMiddlewareMixin, SimpleResourcesServer):
     async def end_session(self, request: Request) -> dict[str, bool]:
         """Drop the episode without scoring it (the agent calls this when the episode failed for other reasons)."""
         return {"ended": self._sessions.pop(request.session.get(SESSION_ID_KEY)) is not None}
+
+    async def close_resources_session(self, request: Request) -> dict[str, str | None]:
+        """NeMo-Gym 0.7.0's ``/close_session``: the episode of this cookie is dropped, unscored (as
+        ``/end_session``); closing one already closed or never seeded succeeds."""
+        session_id = request.session.get(SESSION_ID_KEY)
+        self._sessions.pop(session_id)
+        return {"resources_session_id": session_id}
+
+    async def get_reverify_mode(self) -> str:
+        """NeMo-Gym 0.7.0's ``/reverify_mode``: ``unsupported``, since a verdict needs the episode's live tau2
+        environment, which a stored rollout does not carry (``gym eval reverify`` cannot re-score one)."""
+        return "unsupported"
 
     async def session_stats(self) -> dict[str, int]:
         """Counts as they stand (reading them evicts nothing: the timer does)."""

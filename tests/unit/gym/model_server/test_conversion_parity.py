@@ -3,16 +3,18 @@ output items for every chat message (NeMo-Gym's converter and vllm_model's prepr
 
 import json
 from itertools import product
-from types import SimpleNamespace
+from unittest.mock import MagicMock
 
 import pytest
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.responses_converter import VLLMConverter
+from nemo_gym.server_utils import ServerClient
 from responses_api_models.vllm_model.app import VLLMModel, VLLMModelConfig
 
 from nemo_tau2.gym.model_server import conversion
 from nemo_tau2.gym.model_server.app import FastVLLMModelConfig
 from nemo_tau2.gym.model_server.endpoint import server_settings_applied
+from nemo_tau2.gym.nemo_gym_compat import CHAT_MAPPING
 from nemo_tau2.tau2_env import domains
 from nemo_tau2.tau2_env.gym_rows import task_row
 
@@ -66,11 +68,7 @@ def _bodies() -> list[dict]:
                     "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}],
                 },
             ],
-            "instructions": "dropped: no chat counterpart",
-            "truncation": "disabled",
             "store": False,
-            "parallel_tool_calls": False,
-            "tool_choice": "auto",
             "metadata": {"extra_body": '{"seed": 5}', "chat_template_kwargs": '{"enable_thinking": false}'},
             "top_logprobs": None,
         }
@@ -105,8 +103,9 @@ def _nemo_gym_chat_request(config: VLLMModelConfig, body: dict) -> dict:
         return_token_id_information=config.return_token_id_information, uses_reasoning_parser=False
     )
     params = converter.responses_to_chat_completion_create_params(NeMoGymResponseCreateParamsNonStreaming(**body))
-    vllm_model = SimpleNamespace(config=config, _converter=converter)
-    return VLLMModel._preprocess_chat_completion_create_params(vllm_model, None, params.model_dump(exclude_unset=True))
+    vllm_model = VLLMModel(config=config, server_client=MagicMock(spec=ServerClient))  # as NeMo-Gym's tests make one
+    vllm_model._converter = converter
+    return vllm_model._preprocess_chat_completion_create_params(None, params.model_dump(exclude_unset=True))
 
 
 def _plain(value):
@@ -126,12 +125,15 @@ def test_chat_requests_are_nemo_gyms(with_token_ids, variant):
         assert _plain(ours) == expected
 
 
-def test_token_ids_ride_on_every_later_assistant_message():
+def test_token_ids_ride_on_their_turns_assistant_message():
     messages = conversion.chat_messages(_episode("airline"), with_token_ids=True)
     assistants = [m for m in messages if m["role"] == "assistant"]
     carried = [m.get("generation_token_ids") for m in assistants]
-    # the greeting has none; then each flush carries the latest ids seen, as NeMo-Gym's converter does
-    assert carried == [None, [4, 5], [4, 5], [7], [7]]
+    # the greeting has none; the turns that generated ids carry them (NeMo-Gym 0.4.0: every later turn too)
+    if CHAT_MAPPING.token_ids_on_later_assistant_messages:
+        assert carried == [None, [4, 5], [4, 5], [7], [7]]
+    else:
+        assert carried == [None, [4, 5], None, [7], None]
 
 
 ASSISTANT_MESSAGES = [
@@ -203,3 +205,77 @@ def test_settings_it_does_not_implement_are_refused_at_start_up(setting, value):
 def test_a_misspelt_config_key_is_refused():
     with pytest.raises(ValueError, match="'return_token_ids' \\(did you mean 'return_token_id_information'\\?\\)"):
         FastVLLMModelConfig(**_config_fields(True, {"return_token_ids": True}))
+
+
+@pytest.mark.parametrize("with_token_ids", [True, False])
+def test_output_items_replay_as_history_as_nemo_gyms(with_token_ids):
+    """Items as vllm_model dumps them (0.7.0: with ``phase`` / ``namespace`` null, and ``routed_experts`` beside the
+    token ids) go back as the next turn's history, and ours and NeMo-Gym's are the same items."""
+    stock_config, fast_config = _configs(with_token_ids, {})
+    converter = VLLMConverter(return_token_id_information=with_token_ids, uses_reasoning_parser=False)
+    replayed = []
+    for message in ASSISTANT_MESSAGES:
+        stock_message = dict(message) | (TOKENS if with_token_ids else {})
+        stock = [item.model_dump() for item in converter.postprocess_assistant_message_dict(stock_message)]
+        ours = conversion.output_items(dict(message), dict(TOKENS) if with_token_ids else None)
+        assert sorted(stock[-1]) == sorted(ours[-1])  # the same keys, nulls included
+        replayed += [*ours, {"role": "user", "content": "next"}]
+    body = {"input": [{"role": "user", "content": "Hi"}, *replayed]}
+    expected = _plain(_nemo_gym_chat_request(stock_config, json.loads(json.dumps(body))))
+    ours = server_settings_applied(fast_config, conversion.chat_request(json.loads(json.dumps(body)), with_token_ids))
+    ours.pop("return_token_ids", None)
+    assert _plain(ours) == expected
+
+
+RELEASE_DEPENDENT = [
+    {"input": [{"role": "user", "content": "Hi"}, _assistant("Done.", phase="final_answer")]},
+    {"input": [{"role": "user", "content": "Hi"}, _call("c", "f", {}, namespace="tools")]},
+    {"input": "Hi", "truncation": "auto"},
+    {"input": "Hi", "tool_choice": "required"},
+    {
+        "input": [{"role": "system", "content": "You are a customer."}, {"role": "user", "content": "Hi"}],
+        "instructions": "Be brief.",
+        "parallel_tool_calls": False,
+        "tool_choice": "auto",
+    },
+]
+
+
+@pytest.mark.parametrize("body", RELEASE_DEPENDENT)
+def test_what_the_releases_map_differently_is_mapped_as_the_installed_one_does(body):
+    """Item fields and parameters without a chat counterpart, instructions, tool settings without tools: refused
+    where the installed release's vllm_model refuses them (0.7.0), else mapped as it maps them (0.4.0 drops them)."""
+    stock_config, fast_config = _configs(False, {})
+    try:
+        expected = _plain(_nemo_gym_chat_request(stock_config, json.loads(json.dumps(body))))
+    except (NotImplementedError, ValueError):
+        expected = None
+    if expected is None:
+        with pytest.raises(conversion.BadRequest, match="counterpart|needs at least one tool"):
+            conversion.chat_request(json.loads(json.dumps(body)), with_token_ids=False)
+    else:
+        assert _plain(server_settings_applied(fast_config, conversion.chat_request(body, False))) == expected
+
+
+NEMO_GYM_0_7_KEYS = [
+    ("sampling_overrides", {"temperature": 1.0}),
+    ("use_completions_api", True),
+    ("reasoning_field", "reasoning"),
+    ("continue_final_assistant_message", True),
+    ("endpoint_file", "/tmp/endpoint"),
+]
+
+
+@pytest.mark.parametrize(("setting", "value"), NEMO_GYM_0_7_KEYS)
+def test_nemo_gym_0_7_keys_it_does_not_implement_are_refused_at_start_up(setting, value):
+    if setting not in VLLMModelConfig.model_fields:
+        pytest.skip(f"the installed NeMo-Gym's vllm_model has no {setting} (0.7.0 has; its CI environment runs this)")
+    with pytest.raises(ValueError, match=f"does not implement {setting}: .*; use NeMo-Gym's vllm_model"):
+        FastVLLMModelConfig(**_config_fields(True, {setting: value}))
+
+
+@pytest.mark.parametrize("setting", ["supply_prefix_token_ids", "request_prompt_and_generation_token_ids"])
+def test_nemo_gym_0_7_keys_it_always_implements_are_accepted(setting):
+    if setting not in VLLMModelConfig.model_fields:
+        pytest.skip(f"the installed NeMo-Gym's vllm_model has no {setting} (0.7.0 has; its CI environment runs this)")
+    assert getattr(FastVLLMModelConfig(**_config_fields(True, {setting: True})), setting) is True

@@ -31,6 +31,19 @@ def _normalized(value):
     return value
 
 
+def _first_difference(ours, theirs, path: str = "") -> str:
+    """Where two answers first differ, and how (a failure message that says what to fix)."""
+    if isinstance(ours, dict) and isinstance(theirs, dict):
+        for key in sorted(set(ours) | set(theirs)):
+            if ours.get(key, "<absent>") != theirs.get(key, "<absent>"):
+                return _first_difference(ours.get(key, "<absent>"), theirs.get(key, "<absent>"), f"{path}.{key}")
+    if isinstance(ours, list) and isinstance(theirs, list) and len(ours) == len(theirs):
+        for index, (mine, stock) in enumerate(zip(ours, theirs, strict=True)):
+            if mine != stock:
+                return _first_difference(mine, stock, f"{path}[{index}]")
+    return f"{path}: fast_vllm_model {str(ours)[:300]} != vllm_model {str(theirs)[:300]}"
+
+
 async def _run_all(agent_url: str, rows: list[dict]) -> list[dict]:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
         gate = asyncio.Semaphore(16)
@@ -65,7 +78,8 @@ def test_test_split_episodes_match_nemo_gyms_vllm_model_item_for_item():
     assert all(item["weight_version"] == 0 for item in with_token_ids)  # the fake's starting weights
     assert not any("weight_version" in item for answer in stock for item in answer["response"]["output"])
     for row, stock_answer, fast_answer in zip(rows, stock, fast, strict=True):
-        assert _normalized(fast_answer) == _normalized(stock_answer), (row["domain"], row["task_id"])
+        ours, theirs = _normalized(fast_answer), _normalized(stock_answer)
+        assert ours == theirs, (row["domain"], row["task_id"], _first_difference(ours, theirs))
 
 
 @pytest.fixture
