@@ -316,6 +316,23 @@ def _start_plugin(cfg: GenerationConfig) -> GenerationHandle:
     return found[0].load()(cfg)
 
 
+def _start_on_ray(cfg: GenerationConfig, cluster: ClusterConfig) -> GenerationHandle:
+    """``cfg``'s replicas placed on the Ray cluster, each started on its node by :func:`start_generation`, as one
+    handle listing every URL."""
+    from nemo_tau2.generation.ray_replicas import RayGeneration
+
+    replicas = RayGeneration(cfg, cluster, start_replica=start_generation).start()
+    return GenerationHandle(
+        backend=cfg.backend,
+        base_urls=replicas.base_urls,
+        model_name=cfg.model_name or cfg.backend,
+        api_key=LOCAL_API_KEY,
+        stop=replicas.stop,
+        load_checkpoint=replicas.update_weights,
+        replicas=replicas,
+    )
+
+
 def start_generation(
     cfg: GenerationConfig, *, model: Any = None, tokenizer: Any = None, cluster: ClusterConfig | None = None
 ) -> GenerationHandle:
@@ -338,9 +355,7 @@ def start_generation(
     if cluster is not None and cluster.generation_placement == "ray":
         if model is not None:
             raise ValueError("start_generation: a model object cannot be served by Ray-placed replicas")
-        from nemo_tau2.generation.ray_replicas import start_ray_generation
-
-        return start_ray_generation(cfg, cluster)
+        return _start_on_ray(cfg, cluster)
     match cfg.backend:
         case "hf":
             return _start_hf(cfg, model, tokenizer)
