@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 
 from nemo_tau2.cluster import ClusterConfig
@@ -244,10 +245,10 @@ def _start_llamacpp(cfg: GenerationConfig) -> GenerationHandle:
     return GenerationHandle(backend="llamacpp", base_urls=[f"{root}/v1"], model_name=model_name, stop=process.stop)
 
 
-def _start_vllm(cfg: GenerationConfig) -> GenerationHandle:
+def _start_vllm(cfg: GenerationConfig, log_dir: Path | None) -> GenerationHandle:
     from nemo_tau2.generation.vllm_launcher import VllmReplicas
 
-    replicas = VllmReplicas(cfg)
+    replicas = VllmReplicas(cfg, log_dir)
     assert cfg.model_name is not None
     return GenerationHandle(
         backend="vllm",
@@ -334,7 +335,12 @@ def _start_on_ray(cfg: GenerationConfig, cluster: ClusterConfig) -> GenerationHa
 
 
 def start_generation(
-    cfg: GenerationConfig, *, model: Any = None, tokenizer: Any = None, cluster: ClusterConfig | None = None
+    cfg: GenerationConfig,
+    *,
+    model: Any = None,
+    tokenizer: Any = None,
+    cluster: ClusterConfig | None = None,
+    log_dir: Path | None = None,
 ) -> GenerationHandle:
     """Start (or connect to) the backend named by ``cfg.backend`` and wait until it serves.
 
@@ -345,6 +351,8 @@ def start_generation(
         tokenizer: The tokenizer (with a chat template) that goes with ``model``.
         cluster: Where the replicas run: with ``generation_placement: ray`` they are Ray-placed processes on the
             cluster's nodes (:mod:`nemo_tau2.generation.ray_replicas`); else, or None, on this machine.
+        log_dir: Where a local vLLM server's log is kept (``<log_dir>/vllm_replica<i>.log``, appended to, never
+            deleted: a run's ``server_logs/``); None: a temporary file, deleted after a clean stop.
 
     Raises:
         GenerationStartupError: A dependency or file is missing, a configured port is busy, or a server died or
@@ -362,7 +370,7 @@ def start_generation(
         case "llamacpp":
             return _start_llamacpp(cfg)
         case "vllm":
-            return _start_vllm(cfg)
+            return _start_vllm(cfg, log_dir)
         case "openai":
             assert cfg.openai_cfg is not None
             return _start_openai(cfg.openai_cfg)

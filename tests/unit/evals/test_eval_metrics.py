@@ -100,6 +100,7 @@ def test_record_validates_status_and_reward():
 def test_record_from_dict_accepts_numpy_bool_and_ignores_extra_keys():
     line = {"domain": "retail", "task_id": 7, "success": np.bool_(True), "reward": 1, "status": "ok"}
     line |= {"termination_reason": "user_stop", "num_turns": 3, "total_tokens": 90, "prompt": "..."}
+    line |= {"token_contiguity_breaks": ["turn 2: ..."]}
     record = EpisodeRecord.from_dict(line)
     assert record.success is True and record.task_id == "7" and record.num_turns == 3
     with pytest.raises(ValueError, match=r"missing \['success'\]"):

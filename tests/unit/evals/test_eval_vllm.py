@@ -29,5 +29,12 @@ def test_the_vllm_cpu_eval_config_runs_every_episode_without_an_infrastructure_e
         assert record["num_turns"] >= 1 and record["termination_reason"]
         assert any(message["role"] == "assistant" for message in record["transcript"])
     assert "infra errors" in run.stdout
+    # the stock template keeps every turn contiguous: nothing cut, and the summary says so
+    assert metrics["eval/overall/token_contiguity_break_rate"] == 0
+    cuts = [(r["first_break_turn"], r["trainable_turns"], r["num_turns"]) for r in records]
+    assert all(cut is None and 1 <= trainable <= turns for cut, trainable, turns in cuts), cuts
+    # vLLM's own log stays with the results, beside the Gym servers' (a clean run used to delete it)
+    vllm_log = (save_path / "server_logs" / "vllm_replica0.log").read_text()
+    assert "Application startup complete" in vllm_log, vllm_log[-2000:]
     # vLLM's prefix cache served part of the prompts (the shared policy prompt, each episode's history); reported
     assert 0 < metrics["eval/overall/prefix_cache_hit_rate"] <= 1 and "prefix cache hit rate" in run.stdout
