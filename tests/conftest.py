@@ -22,10 +22,30 @@ UNIT = Path(__file__).resolve().parent / "unit"
 SLOW_MODULES = frozenset(
     {
         # training demos and the loops that drive them
+        "algorithms/test_async_collector.py",
         "algorithms/test_grpo_loop.py",
         "algorithms/test_grpo_vllm.py",
+        "algorithms/test_in_flight_weight_update.py",
         "algorithms/test_pipeline.py",
         "algorithms/test_sft_rft.py",
+        # whole evaluations through examples/run_eval.py (a process each, with its Gym stack)
+        "evals/test_eval_end_to_end.py",
+        "evals/test_nemo_rl_layout.py",
+        "evals/test_progress_display.py",
+        "test_torn_files.py",
+        # Gym stacks for many episodes or many requests (the fast loop keeps one of each: test_episode_record,
+        # gym/agent, test_resources_server_*)
+        "experience/test_rollouts.py",
+        "gym/test_idempotent_retries.py",
+        "gym/test_secrets_and_sessions.py",
+        "test_fuzz_servers.py",
+        # llama.cpp's SmolLM2 generating, and servers stopped mid-generation
+        "env_api/test_user_strategies_llamacpp.py",
+        "generation/test_endpoint_stop.py",
+        "generation/test_llamacpp_backend.py",
+        "gym/test_sigterm.py",
+        # the GPU kit's dry run (a process importing the whole torch stack)
+        "test_gpu_kit.py",
         # the real vLLM engine (CPU build)
         "evals/test_eval_vllm.py",
         "generation/test_vllm_live.py",
