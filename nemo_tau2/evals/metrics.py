@@ -128,11 +128,13 @@ class EpisodeRecord:
         if missing:
             raise ValueError(f"episode row is missing {missing}: {dict(row)!r}")
         breaks = row["token_contiguity_breaks"]
+        if isinstance(breaks, list):  # a rollouts.jsonl line: None when nothing was checked (no token ids asked)
+            breaks = len(breaks) if breaks or row.get("trainable_turns", 1) > 0 else None
         return cls(
             **{name: row[name] for name in _RECORD_FIELDS}
             | {"domain": str(row["domain"])}
             | {"task_id": str(row["task_id"])}
-            | {"token_contiguity_breaks": len(breaks) if isinstance(breaks, list) else breaks}
+            | {"token_contiguity_breaks": breaks}
         )
 
 
