@@ -1,3 +1,96 @@
-"""Shared pytest setup: nemo_tau2 is imported first so tau2 stays offline and quiet in every test."""
+"""Shared pytest setup: nemo_tau2 is imported first so tau2 stays offline and quiet in every test.
+
+The ``slow`` marker: ``uv run pytest -m "not slow" tests/unit`` is the developers' fast loop (minutes, every package
+still covered); the full suite, CI's, is ``uv run pytest tests/unit``. A test is slow when it starts an expensive real
+component (a vLLM server, a Ray cluster, Megatron process groups, tau2 v1.0.1's worker, NeMo-Gym's CLI) or trains a
+demo for many steps. Whole modules are marked here, by path, rather than by a decorator in each file: the list below is
+where the suite's time goes, read from pytest's ``--durations`` (printed in every run); single slow tests of otherwise
+fast modules carry ``@pytest.mark.slow`` themselves.
+"""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
 
 import nemo_tau2  # noqa: F401
+from tests import env_python
+
+UNIT = Path(__file__).resolve().parent / "unit"
+
+# Modules, relative to tests/unit, whose every test is slow.
+SLOW_MODULES = frozenset(
+    {
+        # training demos and the loops that drive them
+        "algorithms/test_async_collector.py",
+        "algorithms/test_grpo_loop.py",
+        "algorithms/test_grpo_vllm.py",
+        "algorithms/test_in_flight_weight_update.py",
+        "algorithms/test_pipeline.py",
+        "algorithms/test_sft_rft.py",
+        # whole evaluations through examples/run_eval.py (a process each, with its Gym stack)
+        "evals/test_eval_end_to_end.py",
+        "evals/test_nemo_rl_layout.py",
+        "evals/test_progress_display.py",
+        "test_torn_files.py",
+        # Gym stacks for many episodes or many requests (the fast loop keeps one of each: test_episode_record,
+        # gym/agent, test_resources_server_*)
+        "experience/test_rollouts.py",
+        "gym/test_idempotent_retries.py",
+        "gym/test_secrets_and_sessions.py",
+        "test_fuzz_servers.py",
+        # llama.cpp's SmolLM2 generating, and servers stopped mid-generation
+        "env_api/test_user_strategies_llamacpp.py",
+        "generation/test_endpoint_stop.py",
+        "generation/test_llamacpp_backend.py",
+        "gym/test_sigterm.py",
+        # the GPU kit's dry run (a process importing the whole torch stack)
+        "test_gpu_kit.py",
+        # the real vLLM engine (CPU build)
+        "evals/test_eval_vllm.py",
+        "generation/test_vllm_live.py",
+        # Ray clusters
+        "generation/test_ray_generation.py",
+        "gym/test_ray_placement.py",
+        "models/policy/test_data_parallel.py",
+        "models/policy/test_sharded.py",
+        # NeMo-Gym's CLI (ng_run builds each server's environment)
+        "gym/test_gym_cli.py",
+        # Megatron process groups
+        "models/megatron/test_conversion.py",
+        "models/megatron/test_cpu_mode.py",
+        "models/megatron/test_policy.py",
+        "models/megatron/test_training.py",
+        # tau2 v1.0.1 in its own environment, through its worker
+        "tau2_release/test_data_tools_v1.py",
+        "tau2_release/test_env_api_v1.py",
+        "tau2_release/test_export_v1.py",
+        "tau2_release/test_gym_eval_v1.py",
+        "tau2_release/test_parity_v1.py",
+        "tau2_release/test_resources_server_v1.py",
+        "tau2_release/test_worker_snapshots.py",
+    }
+)
+
+
+# The extras `scripts/setup.sh` installs, which some tests need: missing, the session stops at once naming the fix
+# (no test skips for a missing environment; see tests/env_python.py for the environments outside .venv).
+REQUIRED_EXTRAS = {"xllamacpp": "llamacpp", "megatron": "megatron", "transformers": "training"}
+
+
+def pytest_configure(config):
+    env_python._pytest_config = config
+    missing = sorted({extra for module, extra in REQUIRED_EXTRAS.items() if importlib.util.find_spec(module) is None})
+    if missing:
+        raise pytest.UsageError(f"the project's environment lacks the extras {missing}: run scripts/setup.sh project")
+    # a renamed module would otherwise drop out of the list silently, and into the fast loop
+    missing = sorted(module for module in SLOW_MODULES if not (UNIT / module).is_file())
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py SLOW_MODULES names modules that do not exist: {missing}")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = Path(str(item.path))
+        if path.is_relative_to(UNIT) and path.relative_to(UNIT).as_posix() in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)

@@ -102,6 +102,7 @@ class EpisodeRecord:
     termination_reason: str | None = None
     num_turns: int | None = None
     total_tokens: int | None = None
+    token_contiguity_breaks: int | None = None  # turns that broke it (a rollouts.jsonl line lists them; None: unknown)
 
     def __post_init__(self) -> None:
         where = f"episode of task {self.domain}/{self.task_id}"
@@ -126,10 +127,14 @@ class EpisodeRecord:
         missing = [name for name in _RECORD_FIELDS if name not in row]
         if missing:
             raise ValueError(f"episode row is missing {missing}: {dict(row)!r}")
+        breaks = row["token_contiguity_breaks"]
+        if isinstance(breaks, list):  # a rollouts.jsonl line: None when nothing was checked (no token ids asked)
+            breaks = len(breaks) if breaks or row.get("trainable_turns", 1) > 0 else None
         return cls(
             **{name: row[name] for name in _RECORD_FIELDS}
             | {"domain": str(row["domain"])}
             | {"task_id": str(row["task_id"])}
+            | {"token_contiguity_breaks": breaks}
         )
 
 
@@ -240,6 +245,10 @@ def _count_summary(prefix: str, records: list[EpisodeRecord], tasks: list[TaskRe
         known = [getattr(r, name) for r in valid if getattr(r, name) is not None]
         if known:
             out[f"{prefix}/mean_{name}"] = float(np.mean(known))
+    # episodes whose token ids stop being the sequence the model saw at some turn: training gets only the turns before
+    broken = [r.token_contiguity_breaks > 0 for r in valid if r.token_contiguity_breaks is not None]
+    if broken:
+        out[f"{prefix}/token_contiguity_break_rate"] = float(np.mean(broken))
     return out
 
 
@@ -268,7 +277,8 @@ def compute_eval_metrics(
     Returns:
         Flat metrics: ``eval/<scope>/pass@<k>``, ``eval/<scope>/pass^<k>``, ``eval/<scope>/mean_reward``, their
         ``_ci<level>_low`` / ``_ci<level>_high``, and per domain and overall the task, episode, infrastructure
-        error and termination-reason counts and mean turns and tokens. ``<scope>`` is a domain, ``overall`` or
+        error and termination-reason counts, mean turns and tokens, and ``token_contiguity_break_rate`` (the share of
+        episodes with a break; training gets only their turns before it). ``<scope>`` is a domain, ``overall`` or
         ``macro``. A mean with no eligible task is omitted.
     """
     ks = sorted(set(ks))
@@ -353,6 +363,8 @@ def format_summary_table(metrics: Mapping[str, float], *, show_ci: bool = False)
     rows.append(["mean reward", *(cell(s, "mean_reward", 1.0, ".3f") for s in scopes)])
     for label, key in (("tasks", "num_tasks"), ("episodes", "num_episodes"), ("infra errors", "num_infra_errors")):
         rows.append([label, *(str(int(metrics[f"eval/{s}/{key}"])) for s in scopes)])
+    if any(metrics.get(f"eval/{s}/token_contiguity_break_rate") for s in scopes):  # shown only when there are any
+        rows.append(["contiguity breaks %", *(cell(s, "token_contiguity_break_rate", 100.0, ".1f") for s in scopes)])
 
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [

@@ -107,11 +107,16 @@ def write_evaluation_data(
 ) -> None:
     """NeMo-RL's ``evaluation_data.json`` for tools that read it: one entry per scored sample.
 
-    Each entry has NeMo-RL's keys: ``reward``, ``message_log`` (here the episode's transcript, the Responses
-    items the agent saw; token ids stay out), ``agent_ref``, ``extra_env_info`` (the Gym row), ``sample_index``
-    (task index x n + sample, as NeMo-RL numbers repeated rows) and, with ``eval.save_full_gym_result``,
-    ``full_result`` (transcript and tau2's reward breakdown). Infrastructure failures are not samples: they are
-    in ``rollouts.jsonl`` with their cause.
+    Each entry has NeMo-RL's keys: ``reward``, ``message_log`` (here the episode's whole transcript, the Responses
+    items the agent saw), ``agent_ref``, ``extra_env_info`` (the Gym row), ``sample_index`` (task index x n +
+    sample, as NeMo-RL numbers repeated rows) and, with ``eval.save_full_gym_result``, ``full_result`` (transcript
+    and tau2's reward breakdown). Infrastructure failures are not samples: they are in ``rollouts.jsonl`` with
+    their cause.
+
+    Training's message log is cut at the first turn whose prompt does not extend the turn before (token
+    contiguity): the transcript is not. So each entry marks the cut: ``first_break_turn`` (None: no break) and
+    ``trainable_turns`` beside the transcript, and each policy turn of ``message_log`` (an item with generated
+    token ids) carries ``"trainable"``: false from the cut on.
     """
     index = {(str(row["domain"]), str(row["task_id"])): (i, row) for i, row in enumerate(rows)}
     entries = []
@@ -120,10 +125,12 @@ def write_evaluation_data(
         if record["status"] != OK or key[:2] not in index:
             continue
         task_index, row = index[key[:2]]
-        transcript = record.get("transcript") or []
+        transcript = _with_the_cut_marked(record.get("transcript") or [], record.get("first_break_turn"))
         entry = {
             "reward": record["reward"],
             "message_log": transcript,
+            "first_break_turn": record.get("first_break_turn"),
+            "trainable_turns": record.get("trainable_turns"),
             "agent_ref": row.get("agent_ref"),
             "extra_env_info": row,
             "sample_index": task_index * n + key[2],
@@ -133,3 +140,15 @@ def write_evaluation_data(
         entries.append(entry)
     entries.sort(key=lambda entry: entry["sample_index"])
     write_json_atomic(save_dir / EVALUATION_DATA_FILE, {"evaluation_data": entries})
+
+
+def _with_the_cut_marked(transcript: list[dict[str, Any]], first_break_turn: int | None) -> list[dict[str, Any]]:
+    """The transcript with ``trainable`` on each policy turn (numbered as the agent's contiguity check numbers
+    them: the items with generated token ids, in order): false from ``first_break_turn`` on."""
+    marked, turn = [], 0
+    for item in transcript:
+        if isinstance(item, dict) and item.get("generation_token_ids"):
+            item = item | {"trainable": first_break_turn is None or turn < first_break_turn}
+            turn += 1
+        marked.append(item)
+    return marked

@@ -88,6 +88,8 @@ class RolloutResult:
     error: str | None = None
     message_log: list[dict[str, Any]] = field(default_factory=list)
     token_contiguity_breaks: list[str] = field(default_factory=list)
+    first_break_turn: int | None = None  # the first policy turn that broke contiguity; message_log stops before it
+    trainable_turns: int = 0  # policy turns in message_log: what training gets (num_turns when nothing broke)
     num_turns: int = 0
     num_user_turns: int = 0
     num_steps: int = 0
@@ -201,8 +203,10 @@ def result_from_response(
         reward=float(body["reward"]),
         success=bool(body["success"]),
         reward_components={key: body[key] for key in COMPONENT_KEYS},
-        message_log=message_log_from_output(output, data.token_contiguity.first_break_turn),
+        message_log=(log := message_log_from_output(output, data.token_contiguity.first_break_turn)),
         token_contiguity_breaks=data.token_contiguity.breaks,
+        first_break_turn=data.token_contiguity.first_break_turn,
+        trainable_turns=sum(message["role"] == "assistant" for message in log),
         full_result=body if keep_full_result else None,
     )
 
@@ -375,7 +379,7 @@ def rollout_metrics(results: Sequence[RolloutResult], wall_s: float | None = Non
         "turns_per_sample": mean([r.num_turns for r in valid]),
         # policy turns whose tokens reach the trainer: all of them unless token contiguity broke (message_log is
         # cut at the first break) or a turn generated nothing (a prompt that filled the context)
-        "trained_turns_per_sample": mean([sum(m["role"] == "assistant" for m in r.message_log) for r in valid]),
+        "trained_turns_per_sample": mean([r.trainable_turns for r in valid]),
         "user_turns_per_sample": mean([r.num_user_turns for r in valid]),
         "total_tokens_per_sample": mean([r.total_tokens for r in valid]),
         "gen_tokens_per_sample": mean([r.generation_tokens for r in valid]),

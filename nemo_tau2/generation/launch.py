@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 
 from nemo_tau2.cluster import ClusterConfig
@@ -244,10 +245,10 @@ def _start_llamacpp(cfg: GenerationConfig) -> GenerationHandle:
     return GenerationHandle(backend="llamacpp", base_urls=[f"{root}/v1"], model_name=model_name, stop=process.stop)
 
 
-def _start_vllm(cfg: GenerationConfig) -> GenerationHandle:
+def _start_vllm(cfg: GenerationConfig, log_dir: Path | None) -> GenerationHandle:
     from nemo_tau2.generation.vllm_launcher import VllmReplicas
 
-    replicas = VllmReplicas(cfg)
+    replicas = VllmReplicas(cfg, log_dir)
     assert cfg.model_name is not None
     return GenerationHandle(
         backend="vllm",
@@ -316,8 +317,30 @@ def _start_plugin(cfg: GenerationConfig) -> GenerationHandle:
     return found[0].load()(cfg)
 
 
+def _start_on_ray(cfg: GenerationConfig, cluster: ClusterConfig) -> GenerationHandle:
+    """``cfg``'s replicas placed on the Ray cluster, each started on its node by :func:`start_generation`, as one
+    handle listing every URL."""
+    from nemo_tau2.generation.ray_replicas import RayGeneration
+
+    replicas = RayGeneration(cfg, cluster, start_replica=start_generation).start()
+    return GenerationHandle(
+        backend=cfg.backend,
+        base_urls=replicas.base_urls,
+        model_name=cfg.model_name or cfg.backend,
+        api_key=LOCAL_API_KEY,
+        stop=replicas.stop,
+        load_checkpoint=replicas.update_weights,
+        replicas=replicas,
+    )
+
+
 def start_generation(
-    cfg: GenerationConfig, *, model: Any = None, tokenizer: Any = None, cluster: ClusterConfig | None = None
+    cfg: GenerationConfig,
+    *,
+    model: Any = None,
+    tokenizer: Any = None,
+    cluster: ClusterConfig | None = None,
+    log_dir: Path | None = None,
 ) -> GenerationHandle:
     """Start (or connect to) the backend named by ``cfg.backend`` and wait until it serves.
 
@@ -328,6 +351,8 @@ def start_generation(
         tokenizer: The tokenizer (with a chat template) that goes with ``model``.
         cluster: Where the replicas run: with ``generation_placement: ray`` they are Ray-placed processes on the
             cluster's nodes (:mod:`nemo_tau2.generation.ray_replicas`); else, or None, on this machine.
+        log_dir: Where a local vLLM server's log is kept (``<log_dir>/vllm_replica<i>.log``, appended to, never
+            deleted: a run's ``server_logs/``); None: a temporary file, deleted after a clean stop.
 
     Raises:
         GenerationStartupError: A dependency or file is missing, a configured port is busy, or a server died or
@@ -338,16 +363,14 @@ def start_generation(
     if cluster is not None and cluster.generation_placement == "ray":
         if model is not None:
             raise ValueError("start_generation: a model object cannot be served by Ray-placed replicas")
-        from nemo_tau2.generation.ray_replicas import start_ray_generation
-
-        return start_ray_generation(cfg, cluster)
+        return _start_on_ray(cfg, cluster)
     match cfg.backend:
         case "hf":
             return _start_hf(cfg, model, tokenizer)
         case "llamacpp":
             return _start_llamacpp(cfg)
         case "vllm":
-            return _start_vllm(cfg)
+            return _start_vllm(cfg, log_dir)
         case "openai":
             assert cfg.openai_cfg is not None
             return _start_openai(cfg.openai_cfg)

@@ -4,9 +4,11 @@ Placement is Ray's. The replicas are one placement group, a bundle per replica, 
 takes as few replicas with it as the cluster allows): ``{"GPU": tensor_parallel_size, "CPU": 1}`` for vLLM on
 CUDA (Ray then sets the replica's ``CUDA_VISIBLE_DEVICES``), ``{"CPU": 1}`` otherwise, plus one unit of
 ``cluster.generation_node_resource`` when set, so that only the nodes offering it can hold one. Each bundle holds
-one :class:`GenerationReplica` actor, which starts one replica of ``policy.generation`` on its node through the same
-:func:`~nemo_tau2.generation.launch.start_generation` every local run uses, bound to the node's address, and
-reports its URL back: the head's :class:`GenerationHandle` lists every replica's URL, as a local run's does.
+one :class:`GenerationReplica` actor, which starts one replica of ``policy.generation`` on its node through the
+starter it is given (:func:`~nemo_tau2.generation.launch.start_generation`, the one every local run uses), bound to
+the node's address, and reports its URL back: the head's handle lists every replica's URL, as a local run's does.
+This module places replicas and keeps them alive; what a replica runs and the handle around them belong to
+``launch.py``, which calls this module (never the other way: no import circle between the two).
 
 Weights: ``update_weights(checkpoint_dir=...)`` reaches every replica on every node. Each replica reloads the folder
 the trainer wrote, so that folder (under ``checkpointing.checkpoint_dir``) must be on a filesystem every generation
@@ -26,13 +28,13 @@ import logging
 import os
 import threading
 import urllib.request
+from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
 
 from nemo_tau2.cluster import ClusterConfig, import_ray, ray_connection
 from nemo_tau2.generation.config import GenerationConfig
 from nemo_tau2.generation.errors import GenerationStartupError, WeightUpdateError
-from nemo_tau2.generation.launch import LOCAL_API_KEY, GenerationHandle, start_generation
 
 logger = logging.getLogger(__name__)
 
@@ -72,9 +74,17 @@ def replica_config(cfg: GenerationConfig, index: int, host: str, port: int | Non
 
 
 class GenerationReplica:
-    """On one node (a Ray actor): one replica of ``policy.generation``, started through ``start_generation``."""
+    """On one node (a Ray actor): one replica of ``policy.generation``, started by ``start_replica`` (the local
+    launcher: ``GenerationConfig`` -> a handle with ``base_urls``, ``update_weights`` and ``shutdown``)."""
 
-    def __init__(self, cfg_data: dict[str, Any], index: int, port: int | None, omp_threads: str | None) -> None:
+    def __init__(
+        self,
+        cfg_data: dict[str, Any],
+        index: int,
+        port: int | None,
+        omp_threads: str | None,
+        start_replica: Callable[[GenerationConfig], Any],
+    ) -> None:
         # Ray sets OMP_NUM_THREADS to the CPUs an actor reserved (1 here); an engine sizes its own threads (vLLM's
         # CPU build, llama.cpp, torch): it gets the head's setting, else none, as a local replica does
         os.environ.pop("OMP_NUM_THREADS", None)
@@ -84,7 +94,7 @@ class GenerationReplica:
         self.node_id = ray.get_runtime_context().get_node_id()
         self.ip = ray.util.get_node_ip_address()
         cfg = GenerationConfig.model_validate(cfg_data)
-        self.handle = start_generation(replica_config(cfg, index, self.ip, port))
+        self.handle = start_replica(replica_config(cfg, index, self.ip, port))
         (self.base_url,) = self.handle.base_urls
 
     def where(self) -> dict[str, Any]:
@@ -112,14 +122,16 @@ class GenerationReplica:
 class RayGeneration:
     """The head's side: the placement group, one actor per replica, the watcher, weight updates to all of them."""
 
-    def __init__(self, cfg: GenerationConfig, cluster: ClusterConfig) -> None:
+    def __init__(
+        self, cfg: GenerationConfig, cluster: ClusterConfig, start_replica: Callable[[GenerationConfig], Any]
+    ) -> None:
         problems = cfg.ray_placement_problems(cluster)
         if problems:
             raise GenerationStartupError("; ".join(problems))
         data = cfg.model_dump(exclude_unset=True)
         if cfg.model_name and os.path.isdir(cfg.model_name):  # a replica's working directory is not ours
             data["model_name"] = os.path.abspath(cfg.model_name)
-        self.cfg, self.cluster, self._data = cfg, cluster, data
+        self.cfg, self.cluster, self._data, self._start_replica = cfg, cluster, data, start_replica
         self.count = cfg.ray_replica_count(cluster)
         self.bundle = replica_bundle(cfg, cluster)
         self.base_urls: list[str] = []  # shared with the handle: a dropped replica leaves it
@@ -184,7 +196,7 @@ class RayGeneration:
         return remote.options(
             num_cpus=self.bundle["CPU"], num_gpus=self.bundle.get("GPU", 0), resources=custom,
             scheduling_strategy=strategy, name=None,
-        ).remote(self._data, index, port, os.environ.get("OMP_NUM_THREADS"))  # fmt: skip
+        ).remote(self._data, index, port, os.environ.get("OMP_NUM_THREADS"), self._start_replica)  # fmt: skip
 
     def _reports(self, actors: list[Any], timeout: float) -> list[dict[str, Any]]:
         ray = self._ray
@@ -295,18 +307,3 @@ class RayGeneration:
                     ray.util.remove_placement_group(self._group)
         self.replicas, self._group = [], None
         self._ray_stack.close()
-
-
-def start_ray_generation(cfg: GenerationConfig, cluster: ClusterConfig) -> GenerationHandle:
-    """``cfg``'s replicas on the Ray cluster (see the module docstring), as one handle listing every URL."""
-    replicas = RayGeneration(cfg, cluster).start()
-    handle = GenerationHandle(
-        backend=cfg.backend,
-        base_urls=replicas.base_urls,
-        model_name=cfg.model_name or cfg.backend,
-        api_key=LOCAL_API_KEY,
-        stop=replicas.stop,
-        load_checkpoint=replicas.update_weights,
-        replicas=replicas,
-    )
-    return handle

@@ -17,6 +17,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI
@@ -118,12 +119,24 @@ def _kill_leftovers() -> None:
 
 
 class ManagedProcess:
-    """A server subprocess in its own process group, logged to a file, killed with its children on stop or exit."""
+    """A server subprocess in its own process group, logged to a file, killed with its children on stop or exit.
 
-    def __init__(self, command: list[str], *, name: str, env: dict[str, str] | None = None) -> None:
+    The log is a temporary file, deleted after a clean stop (kept when the process failed), unless ``log_dir`` is
+    given: then it is ``<log_dir>/<name>.log``, appended to and always kept (a run's results keep its servers'
+    logs beside their own, ``server_logs/``)."""
+
+    def __init__(
+        self, command: list[str], *, name: str, env: dict[str, str] | None = None, log_dir: Path | None = None
+    ) -> None:
         self.name = name
-        fd, self.log_path = tempfile.mkstemp(prefix=f"nemo_tau2_{name}_", suffix=".log")
-        self._log = os.fdopen(fd, "wb")
+        if log_dir is None:
+            fd, self.log_path = tempfile.mkstemp(prefix=f"nemo_tau2_{name}_", suffix=".log")
+            self._log = os.fdopen(fd, "wb")
+        else:
+            Path(log_dir).mkdir(parents=True, exist_ok=True)
+            self.log_path = str(Path(log_dir) / f"{name}.log")
+            self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop(), as the temporary one
+        self._keep_log = log_dir is not None
         self._failed = False
         logger.info("starting %s: %s (log: %s)", name, " ".join(command), self.log_path)
         self._process = subprocess.Popen(
@@ -165,7 +178,7 @@ class ManagedProcess:
                 self._process.wait()
         self._signal_group(signal.SIGKILL)  # children that outlived their parent
         self._log.close()
-        if not self._failed:
+        if not self._failed and not self._keep_log:
             os.unlink(self.log_path)
         _LIVE_PROCESSES.discard(self)
 

@@ -218,8 +218,9 @@ def served_model_layout(model_name: str) -> Layout | None:
 class VllmReplicas:
     """Start the replicas (in parallel), wait for health, update weights, stop them."""
 
-    def __init__(self, cfg: GenerationConfig) -> None:
+    def __init__(self, cfg: GenerationConfig, log_dir: Path | None = None) -> None:
         self.cfg = cfg
+        self.log_dir = log_dir  # where each replica's log is kept (None: a temporary file, deleted on a clean stop)
         self.vllm_cfg = cfg.vllm_cfg or VllmConfig()
         self.vllm_version = require_vllm(self.vllm_cfg)
         if self.vllm_cfg.device == "cpu":
@@ -252,7 +253,7 @@ class VllmReplicas:
         port = reserve_port(self.vllm_cfg.host, wanted, key=f"policy.generation.vllm_cfg.base_port (replica {index})")
         command = vllm_server_command(self.cfg, port=port)
         env = vllm_server_env(self.vllm_cfg, gpus)
-        self.processes.append(ManagedProcess(command, name=f"vllm_replica{index}", env=env))
+        self.processes.append(ManagedProcess(command, name=f"vllm_replica{index}", env=env, log_dir=self.log_dir))
         self.roots.append(f"http://{url_host(self.vllm_cfg.host)}:{port}")
 
     def _wait(self, index: int) -> None:

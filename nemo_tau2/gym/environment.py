@@ -116,11 +116,15 @@ class Tau2Environment:
             if isinstance(self.spec.policy, GenerationHandle):
                 self.policy = self.spec.policy  # owned by the caller
             else:
-                self.policy = self._stack.enter_context(start_generation(self.spec.policy, cluster=self.spec.cluster))
+                self.policy = self._stack.enter_context(
+                    start_generation(self.spec.policy, cluster=self.spec.cluster, log_dir=log_dir)
+                )
             if self.spec.user_on_policy_endpoint:
                 self.user = self.policy
             else:
-                self.user = self._stack.enter_context(start_generation(self.spec.user.generation))
+                self.user = self._stack.enter_context(
+                    start_generation(self.spec.user.generation, log_dir=log_dir / "user")
+                )
             kwargs = gym.policy_chat_template_kwargs
             template_kwargs = {"chat_template_kwargs": kwargs} if kwargs else {}
             fast = gym.policy_model_server == "fast_vllm_model"

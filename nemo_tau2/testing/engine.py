@@ -17,7 +17,7 @@ from uuid import uuid4
 
 import orjson
 
-from nemo_tau2.testing import chat_tokens
+import nemo_tau2.testing.chat_tokens as chat_tokens
 from nemo_tau2.testing.config import ControlRequest, FakeServerConfig
 from nemo_tau2.testing.faults import FaultInjector
 from nemo_tau2.testing.scripts import (

@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+import nemo_tau2.testing.chat_tokens as chat_tokens
 from nemo_tau2.gym.agent import user_strategies as strategies
-from nemo_tau2.testing import chat_tokens
 from nemo_tau2.testing.scripts import (
     DEFAULT_CLOSING_TEXT,
     ScriptError,

@@ -29,6 +29,7 @@ ROOT = Path(__file__).parents[3]
 
 @pytest.fixture(scope="module")
 def cluster():
+    vllm_python()  # exported before the nodes start: the replica finds it through $NEMO_TAU2_VLLM_PYTHON
     ray = import_ray()
     small = {"object_store_memory": 80 * 1024**2}
     cluster = Cluster(

@@ -100,10 +100,17 @@ def test_record_validates_status_and_reward():
 def test_record_from_dict_accepts_numpy_bool_and_ignores_extra_keys():
     line = {"domain": "retail", "task_id": 7, "success": np.bool_(True), "reward": 1, "status": "ok"}
     line |= {"termination_reason": "user_stop", "num_turns": 3, "total_tokens": 90, "prompt": "..."}
+    line |= {"token_contiguity_breaks": ["turn 2: ..."]}
     record = EpisodeRecord.from_dict(line)
     assert record.success is True and record.task_id == "7" and record.num_turns == 3
     with pytest.raises(ValueError, match=r"missing \['success'\]"):
         EpisodeRecord.from_dict({key: value for key, value in line.items() if key != "success"})
+    assert record.token_contiguity_breaks == 1
+    # no token ids asked (an eval's default): nothing was checked, so no break rate rather than a vacuous 0
+    unchecked = EpisodeRecord.from_dict(line | {"token_contiguity_breaks": [], "trainable_turns": 0})
+    assert unchecked.token_contiguity_breaks is None
+    assert "eval/overall/token_contiguity_break_rate" not in compute_eval_metrics([unchecked], [1], num_bootstrap=0)
+    assert compute_eval_metrics([record], [1], num_bootstrap=0)["eval/overall/token_contiguity_break_rate"] == 1.0
 
 
 def test_shaped_rewards_do_not_count_as_successes():

@@ -17,6 +17,7 @@ def test_the_vllm_cpu_eval_config_runs_every_episode_without_an_infrastructure_e
     command = [
         sys.executable, "examples/run_eval.py", "--config", "examples/configs/evals/tau2_vllm_cpu.yaml",
         f"eval.save_path={save_path}", "env.nemo_gym.max_turns=3",  # CI time: 376 s with the config's 6 when loaded
+        "env.nemo_gym.return_token_ids=true",  # as a run that trains on the episodes: token contiguity is checked
     ]  # fmt: skip
     run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -29,5 +30,12 @@ def test_the_vllm_cpu_eval_config_runs_every_episode_without_an_infrastructure_e
         assert record["num_turns"] >= 1 and record["termination_reason"]
         assert any(message["role"] == "assistant" for message in record["transcript"])
     assert "infra errors" in run.stdout
+    # the stock template keeps every turn contiguous: nothing cut, and the summary says so
+    assert metrics["eval/overall/token_contiguity_break_rate"] == 0
+    cuts = [(r["first_break_turn"], r["trainable_turns"], r["num_turns"]) for r in records]
+    assert all(cut is None and 1 <= trainable <= turns for cut, trainable, turns in cuts), cuts  # a turn may be empty
+    # vLLM's own log stays with the results, beside the Gym servers' (a clean run used to delete it)
+    vllm_log = (save_path / "server_logs" / "vllm_replica0.log").read_text()
+    assert "Application startup complete" in vllm_log, vllm_log[-2000:]
     # vLLM's prefix cache served part of the prompts (the shared policy prompt, each episode's history); reported
     assert 0 < metrics["eval/overall/prefix_cache_hit_rate"] <= 1 and "prefix cache hit rate" in run.stdout

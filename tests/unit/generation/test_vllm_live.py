@@ -16,6 +16,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from nemo_tau2.evals.metrics import EpisodeRecord, compute_eval_metrics
+from nemo_tau2.evals.results import EVALUATION_DATA_FILE, RolloutLog, record_of, write_evaluation_data
 from nemo_tau2.experience.rollouts import OK, SamplingParams, run_nemo_gym_rollout_sync
 from nemo_tau2.generation import GenerationConfig, start_generation
 from nemo_tau2.generation.prefix import find_token_prefix
@@ -30,7 +32,7 @@ from tests.history_rewriting_template import write_history_rewriting_template
 from tests.vllm_env import vllm_python
 
 from .conftest import TOOL_PROMPT
-from .vllm_episodes import mock_episodes
+from .vllm_episodes import TASKS, mock_episodes
 
 PERTURBED = "model.layers.3.mlp.down_proj.weight"
 TIED = "model.embed_tokens.weight"  # SmolLM2 ties lm_head to it: vLLM's CPU reload alone leaves lm_head stale
@@ -190,9 +192,13 @@ def test_a_tau2_episode_on_vllm_keeps_every_turn_contiguous(vllm, server):
     assert all(len(m["generation_logprobs"]) == len(m["token_ids"]) > 0 for m in generated)
 
 
-def test_with_the_splice_every_turn_extends_the_last_and_without_it_the_template_breaks_episodes(vllm, model_dir):
+def test_with_the_splice_every_turn_extends_the_last_and_without_it_the_template_breaks_episodes(
+    vllm, model_dir, tmp_path
+):
     spliced = mock_episodes(vllm, strip_token_ids=False)
     stripped = mock_episodes(vllm, strip_token_ids=True)  # what stock vLLM does: recorded ids ignored
+    _check_the_records_name_the_cut(spliced.results, tmp_path / "spliced")  # the control: nothing cut
+    _check_the_records_name_the_cut(stripped.results, tmp_path / "stripped")
     for run in (spliced, stripped):
         assert all(r.status == OK for r in run.results), [r.error for r in run.results]
         assert sum(r.num_turns > 1 for r in run.results) >= 2, "the check needs multi-turn episodes"
@@ -213,6 +219,34 @@ def test_with_the_splice_every_turn_extends_the_last_and_without_it_the_template
     assert find_token_prefix(request["messages"]) is not None
     served = _vllm_logprobs(answer)
     assert (served - _transformers_logprobs(model_dir, answer)).abs().max() < 2e-3
+
+
+def _check_the_records_name_the_cut(results, save_dir):
+    """What a reader of the results sees: each record's first break and trainable turns, the summary's share of
+    episodes with a break, and evaluation_data.json's transcript with the policy turns past the cut marked."""
+    rows = [task_row("mock", task, split="base") for task in TASKS]
+    log = RolloutLog(save_dir)
+    for result in results:
+        log.append(record_of(result, keep_transcript=True))
+        breaks = result.token_contiguity_breaks
+        if breaks:
+            assert result.trainable_turns == result.first_break_turn < result.num_turns
+            assert breaks[0].startswith(f"turn {result.first_break_turn}:")
+        else:
+            assert result.first_break_turn is None and result.trainable_turns == result.num_turns
+    log.close()
+    records = RolloutLog(save_dir).read()
+    metrics = compute_eval_metrics([EpisodeRecord.from_dict(r) for r in records], ks=[1], num_bootstrap=0)
+    broken = sum(bool(r.token_contiguity_breaks) for r in results)
+    assert metrics["eval/overall/token_contiguity_break_rate"] == broken / len(results)
+    write_evaluation_data(save_dir, records, rows, 1, full_result=False)
+    entries = json.loads((save_dir / EVALUATION_DATA_FILE).read_text())["evaluation_data"]
+    assert len(entries) == len(results)
+    for entry in entries:
+        turns = [item for item in entry["message_log"] if item.get("generation_token_ids")]
+        assert [item["trainable"] for item in turns] == [i < entry["trainable_turns"] for i in range(len(turns))]
+        cut = entry["first_break_turn"]
+        assert entry["trainable_turns"] == (len(turns) if cut is None else cut)  # the transcript itself is whole
 
 
 def test_sticky_routing_keeps_each_episode_on_one_replica_and_hits_the_prefix_cache_more(vllm):

