@@ -49,10 +49,10 @@ QWEN3_4B_SHAPE = {
     "head_dim": 128,
     "vocab_size": 151936,
     "max_position_embeddings": 262144,
-    "rope_theta": 5000000.0,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0},
     "rms_norm_eps": 1e-6,
     "tie_word_embeddings": True,
-    "torch_dtype": "bfloat16",
+    "dtype": "bfloat16",
 }
 STORY = (
     "You are a storyteller. Write a long, detailed story about a customer who calls an airline to change a "

@@ -15,10 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
-KV = list[tuple[torch.Tensor, torch.Tensor]]
-"""Per layer (keys, values), each [batch, kv_heads, time, head_dim]."""
+from nemo_tau2.generation.row_cache import RowCache
 
 
 @dataclass
@@ -64,23 +63,8 @@ def _sample(logits: torch.Tensor, row: RowRequest) -> int:
     return int(torch.multinomial(probs, 1, generator=row.generator))
 
 
-def _tensors(cache: DynamicCache) -> KV:
-    return list(cache.to_legacy_cache())
-
-
-def _cache(kv: KV) -> DynamicCache:
-    return DynamicCache.from_legacy_cache(tuple(kv))
-
-
-def _left_pad_kv(kv: KV, mask: torch.Tensor, width: int) -> tuple[KV, torch.Tensor]:
-    extra = width - mask.shape[1]
-    if extra == 0:
-        return kv, mask
-    padded = []
-    for keys, values in kv:
-        shape = (keys.shape[0], keys.shape[1], extra, keys.shape[3])
-        padded.append((torch.cat([keys.new_zeros(shape), keys], 2), torch.cat([values.new_zeros(shape), values], 2)))
-    return padded, torch.cat([mask.new_zeros((mask.shape[0], extra)), mask], 1)
+def _left_pad(mask: torch.Tensor, width: int) -> torch.Tensor:
+    return torch.cat([mask.new_zeros((mask.shape[0], width - mask.shape[1])), mask], 1)
 
 
 class DecodeBatch:
@@ -92,7 +76,7 @@ class DecodeBatch:
         self.pad_id = pad_id
         self.device = next(model.parameters()).device
         self.rows: list[_Live] = []
-        self._cache = DynamicCache()
+        self._cache = RowCache()
         self._mask = torch.zeros((0, 0), dtype=torch.long, device=self.device)
         self._logits = torch.zeros((0, 0))
 
@@ -110,25 +94,21 @@ class DecodeBatch:
             mask[i, width - len(request.prompt_ids) :] = 1
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = RowCache()
         out = self.model(
             input_ids=input_ids,
             attention_mask=mask,
             position_ids=positions,
-            past_key_values=DynamicCache(),
+            past_key_values=cache,
             logits_to_keep=1,
         )
         logits = out.logits[:, -1, :].float().cpu()
         new_rows = [_Live(r, tag, position=len(r.prompt_ids)) for r, tag in zip(requests, tags, strict=True)]
         if not self.rows:
-            self._cache, self._mask, self._logits, self.rows = out.past_key_values, mask, logits, new_rows
+            self._cache, self._mask, self._logits, self.rows = cache, mask, logits, new_rows
             return
-        width = max(self._mask.shape[1], mask.shape[1])
-        old_kv, old_mask = _left_pad_kv(_tensors(self._cache), self._mask, width)
-        kv, mask = _left_pad_kv(_tensors(out.past_key_values), mask, width)
-        self._cache = _cache(
-            [(torch.cat([a[0], b[0]]), torch.cat([a[1], b[1]])) for a, b in zip(old_kv, kv, strict=True)]
-        )
-        self._mask = torch.cat([old_mask, mask])
+        self._cache.merge(cache)
+        self._mask = torch.cat([_left_pad(self._mask, self._cache.width), _left_pad(mask, self._cache.width)])
         self._logits = torch.cat([self._logits, logits])
         self.rows += new_rows
 
@@ -170,10 +150,7 @@ class DecodeBatch:
         self._mask = self._mask.index_select(0, index)
         start = int((self._mask.sum(0) > 0).nonzero()[0]) if self.rows else self._mask.shape[1]
         self._mask = self._mask[:, start:]  # drop padding columns no remaining row needs
-        kv = _tensors(self._cache)
-        self._cache = _cache(
-            [(k.index_select(0, index)[:, :, start:], v.index_select(0, index)[:, :, start:]) for k, v in kv]
-        )
+        self._cache.keep(index, start)
         self._logits = self._logits[keep]
 
     def _advance(self, tokens: list[int]) -> None:
@@ -184,10 +161,9 @@ class DecodeBatch:
             input_ids=torch.tensor(tokens, device=self.device)[:, None],
             attention_mask=self._mask,
             position_ids=positions,
-            past_key_values=self._cache,
+            past_key_values=self._cache,  # grows in place (see row_cache)
             logits_to_keep=1,
         )
-        self._cache = out.past_key_values
         self._logits = out.logits[:, -1, :].float().cpu()
         for live in self.rows:
             live.position += 1

@@ -39,3 +39,21 @@ def test_greedy_rows_generate_the_same_tokens_together_as_alone():
     assert [o.token_ids for o in together] == [o.token_ids for o in alone]
     for output in together:
         assert output.finish_reason == ("stop" if output.token_ids[-1] in stop else "length")
+
+
+def test_long_generations_grow_the_cache_in_place_with_exact_logprobs():
+    """200 decode steps cross several buffer growths (a row leaves mid-way): logprobs stay those of a plain forward
+    pass, and the key buffer is reallocated a handful of times, not copied every step like a concatenating cache."""
+    model = build_tiny_model(seed=4).model
+    prompts = [list(range(10, 20)), list(range(30, 33))]
+    batch = DecodeBatch(model, frozenset({-1}), pad_id=0)
+    batch.add([_row(prompts[0], 200, seed=5), _row(prompts[1], 90, seed=6)], ["long", "short"])
+    outputs, buffer, reallocations = {}, None, 0
+    while len(batch):
+        outputs.update(batch.step())
+        if len(batch) and batch._cache.layers[0].key_room is not buffer:  # held: its identity is not reused
+            buffer, reallocations = batch._cache.layers[0].key_room, reallocations + 1
+    assert 2 <= reallocations <= 8, f"the key buffer was reallocated {reallocations} times in 200 steps"
+    for tag, prompt in (("long", prompts[0]), ("short", prompts[1])):
+        expected = forward_logprobs(model, prompt, outputs[tag].token_ids)
+        assert torch.allclose(torch.tensor(outputs[tag].logprobs), expected, atol=1e-4)
