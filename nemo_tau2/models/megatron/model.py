@@ -2,7 +2,7 @@
 
 The architecture is read from the HF ``config.json`` (what :mod:`nemo_tau2.models.model_shape` reads too): RMSNorm,
 SwiGLU MLP without biases, grouped-query attention with RoPE (rotate-half, HF's layout), Qwen3's per-head q/k
-RMSNorm, tied or separate output embeddings. Anything else (biases, rope scaling, sliding windows, MoE) is refused
+RMSNorm, tied or separate output embeddings. Anything else (biases, scaled RoPE, sliding windows, MoE) is refused
 with a one-line error rather than silently built wrong. megatron-core is imported inside the functions: the package
 imports without the ``megatron`` extra.
 """
@@ -29,7 +29,6 @@ def check_supported(hf_config: Any) -> None:
     refused = {
         "attention_bias": bool(getattr(hf_config, "attention_bias", False)),
         "mlp_bias": bool(getattr(hf_config, "mlp_bias", False)),
-        "rope_scaling": getattr(hf_config, "rope_scaling", None) is not None,
         "use_sliding_window": bool(getattr(hf_config, "use_sliding_window", False)),
     }
     for key, present in refused.items():
@@ -39,6 +38,26 @@ def check_supported(hf_config: Any) -> None:
             )
     if getattr(hf_config, "hidden_act", "silu") != "silu":
         raise UnsupportedArchitecture(f"megatron backend: hidden_act {hf_config.hidden_act!r} (only silu) is refused")
+    rope_theta(hf_config)
+
+
+def rope_theta(hf_config: Any) -> float:
+    """RoPE's base of an unscaled RoPE, from transformers 5's ``rope_parameters`` (``rope_type`` "default" is plain
+    RoPE) or 4.x's ``rope_theta`` with ``rope_scaling`` unset; any scaled RoPE (linear, dynamic, yarn, llama3...)
+    is refused: the local spec's RoPE has no scaling."""
+    parameters = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
+    rope_type = parameters.get("rope_type", parameters.get("type", "default"))
+    if rope_type != "default":
+        raise UnsupportedArchitecture(
+            f"megatron backend: rope_type {rope_type!r} (scaled RoPE) is not supported, only 'default'; "
+            "use policy.dtensor_cfg for it"
+        )
+    theta = parameters.get("rope_theta", getattr(hf_config, "rope_theta", None))
+    if theta is None:
+        raise UnsupportedArchitecture(
+            "megatron backend: the config names no rope_theta; use policy.dtensor_cfg for it"
+        )
+    return float(theta)
 
 
 def head_dim(hf_config: Any) -> int:
@@ -123,7 +142,7 @@ def build_gpt_model(
         post_process=post_process,
         share_embeddings_and_output_weights=bool(getattr(hf_config, "tie_word_embeddings", False)),
         position_embedding_type="rope",
-        rotary_base=int(hf_config.rope_theta),
+        rotary_base=rope_theta(hf_config),
         parallel_output=parallel_output,
     )
 
