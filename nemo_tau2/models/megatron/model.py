@@ -72,8 +72,11 @@ def transformer_config(
     pipeline_model_parallel_size: int = 1,
     sequence_parallel: bool = False,
     activation_checkpointing: bool = False,
+    attention_backend: str = "sdpa",
 ) -> Any:
-    """megatron-core's ``TransformerConfig`` for this HF config (fp32 or bf16 compute, no fused CUDA kernels)."""
+    """megatron-core's ``TransformerConfig`` for this HF config (fp32 or bf16 compute); ``attention_backend``
+    (:func:`~nemo_tau2.models.megatron.packed_attention.attention_backend`): ``"thd"`` also takes Transformer
+    Engine's fused RoPE (packed rows: per-sequence positions)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     check_supported(hf_config)
@@ -103,9 +106,9 @@ def transformer_config(
         use_cpu_initialization=True,
         bias_activation_fusion=False,
         bias_dropout_fusion=False,
-        masked_softmax_fusion=False,  # also keeps sequence packing's block mask: the fused causal kernel ignores it
+        masked_softmax_fusion=False,  # no softmax of megatron-core's runs: the core attention is SDPA or TE's
         persist_layer_norm=False,
-        apply_rope_fusion=False,
+        apply_rope_fusion=attention_backend == "thd",
         gradient_accumulation_fusion=False,
         **(recompute if activation_checkpointing else {}),
     )
@@ -119,6 +122,7 @@ def build_gpt_model(
     post_process: bool = True,
     parallel_output: bool = False,
     padded_vocab_size: int | None = None,
+    attention_backend: str = "sdpa",
 ) -> Any:
     """The ``GPTModel`` of one pipeline stage (``pre_process``: holds the embedding; ``post_process``: the head).
 
@@ -128,11 +132,19 @@ def build_gpt_model(
 
     ``parallel_output=False`` gathers the vocabulary slices of the logits over the tensor-parallel ranks, so every
     rank sees whole-vocabulary logits (what the token log-softmax needs).
+
+    The layer spec is megatron-core's local one (the conversion's parameter names) with the core attention of
+    ``attention_backend`` (:mod:`~nemo_tau2.models.megatron.packed_attention`): never the unfused
+    ``DotProductAttention``, whose packed rows need a dense ``N x N`` mask.
     """
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
+    from nemo_tau2.models.megatron.packed_attention import core_attention_module
+
     spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=config.qk_layernorm)
+    attention = spec.submodules.self_attention.submodules
+    attention.core_attention = core_attention_module(attention_backend)
     return GPTModel(
         config,
         spec,
