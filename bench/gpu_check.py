@@ -220,7 +220,9 @@ def check_shape(name: str, config, device: torch.device, sizes: dict, args, peak
     if initial is not None:
         with initial:
             candidates = [batches[b] for b in sorted(fitting or budgets[:1], reverse=True)]
-            record |= measure_megatron(cfg, initial.name, tokenizer, candidates, LOSS, args.steps, figures, meter)
+            record |= measure_megatron(
+                cfg, initial.name, tokenizer, candidates, LOSS, args.steps, figures, meter, record
+            )
     elif args.megatron_note:
         record["megatron_note"] = args.megatron_note
     if not args.no_generation:
