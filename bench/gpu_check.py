@@ -71,11 +71,8 @@ PEAK_BF16_TFLOPS = {"H100 PCIe": 756.0, "H100": 989.0, "H200": 989.0}  # dense; 
 LENGTHS = Path(__file__).parent / "data" / "tau2_test_episode_lengths.json"
 # The recipes' loss (examples/configs/grpo_tau2_qwen3_4b.yaml) and sizes.
 LOSS = ClippedPGLossFn(ClippedPGLossConfig(ratio_clip_max=0.28, use_importance_sampling_correction=True))
-# megatron_tokens: the Megatron step's largest micro-batch (its packed rows use a dense N x N mask: at 16k tokens its
-# step took 7x the torch path's on the H200)
-GPU = {"max_len": 32768, "budgets": (4096, 8192, 16384, 32768, 65536), "chunk": 1024, "gen": (1024, 128),
-       "megatron_tokens": 8192}  # fmt: skip
-DRY_RUN = {"max_len": 128, "budgets": (128, 256), "chunk": 32, "gen": (16, 4), "megatron_tokens": 128}
+GPU = {"max_len": 32768, "budgets": (4096, 8192, 16384, 32768, 65536), "chunk": 1024, "gen": (1024, 128)}
+DRY_RUN = {"max_len": 128, "budgets": (128, 256), "chunk": 32, "gen": (16, 4)}
 ERRORS = {"error", "timed_error", "generation_error", "megatron_error"}  # a shape with any of them failed
 TINY_QWEN3 = {"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
               "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 1024,
@@ -204,10 +201,10 @@ def check_shape(key: str, name: str, config, device: torch.device, sizes: dict, 
                 skipped.append(why)
             else:
                 started = time.monotonic()
-                tried = sorted([b for b in fitting or budgets[:1] if b <= sizes["megatron_tokens"]] or budgets[:1])
-                candidates = [batches[b] for b in reversed(tried[-2:])]  # the largest two: an OOM costs its time
-                steps = 1  # after its untimed step: its dense-mask attention makes each step a slow figure
-                record |= measure_megatron(cfg, initial.name, tokenizer, candidates, LOSS, steps, figures, meter)
+                tried = sorted(fitting or budgets[:1])
+                candidates = [batches[b] for b in reversed(tried[-2:])]  # the torch path's timed size first
+                record |= measure_megatron(cfg, initial.name, tokenizer, candidates, LOSS, args.steps, figures, meter,
+                                           record)  # fmt: skip
                 budget.finished("megatron", key, time.monotonic() - started)
     elif args.megatron_note:
         record["megatron_note"] = args.megatron_note

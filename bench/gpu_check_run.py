@@ -16,14 +16,15 @@ import torch
 
 H200_S = {
     "torch": {"0.6b": 30.0, "1.7b": 30.0, "4b": 55.0, "8b": 50.0},
-    "megatron": {"0.6b": 30.0, "1.7b": 35.0, "4b": 60.0, "8b": 80.0},
+    "megatron": {"0.6b": 35.0, "1.7b": 35.0, "4b": 65.0, "8b": 60.0},
     "generation": {"0.6b": 15.0, "1.7b": 15.0, "4b": 20.0, "8b": 25.0},
 }
 """Seconds a unit takes on one H200 at the kit's defaults (``--max-tokens 32768``, ``--steps 2``, the Megatron step at
-8k tokens, once untimed and once timed). torch: the recorded ladder and timed steps (4k..32k; the 8B at 21 layers)
-plus the recorded time between them (building, FSDP, the reference model: 15-25 s a shape); Megatron: the one
-recorded step (0.6B, 16k tokens: 9.3 s, dense attention) scaled to 8k and by size, plus its worker's start; generation:
-never measured yet (1024-token prompts, 128 new tokens at 1, 8 and 32 requests). In all about 455 s with the start."""
+the torch path's timed micro-batch after one untimed step). torch: the recorded ladder and timed steps (4k..32k; the
+8B at 21 layers) plus the recorded time between them (building, FSDP, the reference model: 15-25 s a shape);
+Megatron: its target, 1.2x the torch path's timed steps (per-sequence attention; the one recorded step, 0.6B at 16k
+tokens, took 9.3 s with the dense mask it no longer builds), plus its worker's start; generation: never measured yet
+(1024-token prompts, 128 new tokens at 1, 8 and 32 requests). In all about 445 s with the start."""
 
 
 class Budget:

@@ -204,7 +204,11 @@ def _megatron_trainer_plan(
         plan.host_items["current weights while the reference is swapped in"] = c * share
     whole, split = block_activation_parts(m, c)  # whole on every TP rank unless sequence parallelism splits it
     per_layer = (whole + split) / tp if mc.sequence_parallel else whole + split / tp
-    tokens = cfg.train_micro_batch_size * cfg.max_total_sequence_length
+    tokens = (
+        cfg.train_mb_tokens
+        if cfg.sequence_packing.enabled
+        else cfg.train_micro_batch_size * cfg.max_total_sequence_length
+    )
     if mc.activation_checkpointing:  # 1F1B: the first stage keeps pp micro-batches of its layers in flight
         inputs = c * m.hidden_size / (tp if mc.sequence_parallel else 1)
         activations = tokens * (pp * layers * inputs + per_layer)

@@ -2,7 +2,7 @@
 
 The architecture is read from the HF ``config.json`` (what :mod:`nemo_tau2.models.model_shape` reads too): RMSNorm,
 SwiGLU MLP without biases, grouped-query attention with RoPE (rotate-half, HF's layout), Qwen3's per-head q/k
-RMSNorm, tied or separate output embeddings. Anything else (biases, rope scaling, sliding windows, MoE) is refused
+RMSNorm, tied or separate output embeddings. Anything else (biases, scaled RoPE, sliding windows, MoE) is refused
 with a one-line error rather than silently built wrong. megatron-core is imported inside the functions: the package
 imports without the ``megatron`` extra.
 """
@@ -29,7 +29,6 @@ def check_supported(hf_config: Any) -> None:
     refused = {
         "attention_bias": bool(getattr(hf_config, "attention_bias", False)),
         "mlp_bias": bool(getattr(hf_config, "mlp_bias", False)),
-        "rope_scaling": getattr(hf_config, "rope_scaling", None) is not None,
         "use_sliding_window": bool(getattr(hf_config, "use_sliding_window", False)),
     }
     for key, present in refused.items():
@@ -39,6 +38,26 @@ def check_supported(hf_config: Any) -> None:
             )
     if getattr(hf_config, "hidden_act", "silu") != "silu":
         raise UnsupportedArchitecture(f"megatron backend: hidden_act {hf_config.hidden_act!r} (only silu) is refused")
+    rope_theta(hf_config)
+
+
+def rope_theta(hf_config: Any) -> float:
+    """RoPE's base of an unscaled RoPE, from transformers 5's ``rope_parameters`` (``rope_type`` "default" is plain
+    RoPE) or 4.x's ``rope_theta`` with ``rope_scaling`` unset; any scaled RoPE (linear, dynamic, yarn, llama3...)
+    is refused: the local spec's RoPE has no scaling."""
+    parameters = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
+    rope_type = parameters.get("rope_type", parameters.get("type", "default"))
+    if rope_type != "default":
+        raise UnsupportedArchitecture(
+            f"megatron backend: rope_type {rope_type!r} (scaled RoPE) is not supported, only 'default'; "
+            "use policy.dtensor_cfg for it"
+        )
+    theta = parameters.get("rope_theta", getattr(hf_config, "rope_theta", None))
+    if theta is None:
+        raise UnsupportedArchitecture(
+            "megatron backend: the config names no rope_theta; use policy.dtensor_cfg for it"
+        )
+    return float(theta)
 
 
 def head_dim(hf_config: Any) -> int:
@@ -53,8 +72,11 @@ def transformer_config(
     pipeline_model_parallel_size: int = 1,
     sequence_parallel: bool = False,
     activation_checkpointing: bool = False,
+    attention_backend: str = "sdpa",
 ) -> Any:
-    """megatron-core's ``TransformerConfig`` for this HF config (fp32 or bf16 compute, no fused CUDA kernels)."""
+    """megatron-core's ``TransformerConfig`` for this HF config (fp32 or bf16 compute); ``attention_backend``
+    (:func:`~nemo_tau2.models.megatron.packed_attention.attention_backend`): ``"thd"`` also takes Transformer
+    Engine's fused RoPE (packed rows: per-sequence positions)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     check_supported(hf_config)
@@ -84,9 +106,9 @@ def transformer_config(
         use_cpu_initialization=True,
         bias_activation_fusion=False,
         bias_dropout_fusion=False,
-        masked_softmax_fusion=False,  # also keeps sequence packing's block mask: the fused causal kernel ignores it
+        masked_softmax_fusion=False,  # no softmax of megatron-core's runs: the core attention is SDPA or TE's
         persist_layer_norm=False,
-        apply_rope_fusion=False,
+        apply_rope_fusion=attention_backend == "thd",
         gradient_accumulation_fusion=False,
         **(recompute if activation_checkpointing else {}),
     )
@@ -100,6 +122,7 @@ def build_gpt_model(
     post_process: bool = True,
     parallel_output: bool = False,
     padded_vocab_size: int | None = None,
+    attention_backend: str = "sdpa",
 ) -> Any:
     """The ``GPTModel`` of one pipeline stage (``pre_process``: holds the embedding; ``post_process``: the head).
 
@@ -109,11 +132,19 @@ def build_gpt_model(
 
     ``parallel_output=False`` gathers the vocabulary slices of the logits over the tensor-parallel ranks, so every
     rank sees whole-vocabulary logits (what the token log-softmax needs).
+
+    The layer spec is megatron-core's local one (the conversion's parameter names) with the core attention of
+    ``attention_backend`` (:mod:`~nemo_tau2.models.megatron.packed_attention`): never the unfused
+    ``DotProductAttention``, whose packed rows need a dense ``N x N`` mask.
     """
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
+    from nemo_tau2.models.megatron.packed_attention import core_attention_module
+
     spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=config.qk_layernorm)
+    attention = spec.submodules.self_attention.submodules
+    attention.core_attention = core_attention_module(attention_backend)
     return GPTModel(
         config,
         spec,
@@ -123,7 +154,7 @@ def build_gpt_model(
         post_process=post_process,
         share_embeddings_and_output_weights=bool(getattr(hf_config, "tie_word_embeddings", False)),
         position_embedding_type="rope",
-        rotary_base=int(hf_config.rope_theta),
+        rotary_base=rope_theta(hf_config),
         parallel_output=parallel_output,
     )
 

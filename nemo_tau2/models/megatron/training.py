@@ -21,15 +21,15 @@ Every micro-batch of a step is padded to the same ``[B, T]`` (pipeline stages ex
 padding rows carry no loss (``sample_mask`` 0).
 
 **Sequence packing** (``policy.sequence_packing``): the model runs on the batch's :class:`PackedRow` (``[1, N]``)
-with a block-diagonal causal attention mask built from where its position ids restart, and logprobs and entropy
-go back to the ``[B, T]`` frame with ``PackedRow.unpack`` before the same loss call, as in the torch backend.
-megatron-core's own packing (``PackedSeqParams``, THD) needs Transformer Engine or flash-attention kernels; the
-local layer spec's unfused ``DotProductAttention`` applies a passed mask instead (``True`` = masked). That holds only
-with ``masked_softmax_fusion`` off (``model.transformer_config``): in bf16/fp16 the fused causal kernel ignores the
-mask. RoPE then rotates by the row position, not the restarting position ids: attention scores depend only on
-relative positions within a sequence, so this moves logprobs by float rounding only (fp32: 2.9e-6, as much as the
-torch backend's packed rows differ from its padded ones). Every packed row of a step is padded to one ``N`` (a
-trailing padding segment of its own), for the pipeline's fixed shapes.
+with its sequences' boundaries, found on the host once per micro-batch (where the position ids restart), as
+megatron-core's ``packed_seq_params`` (:mod:`~nemo_tau2.models.megatron.packed_attention`: each sequence attends
+causally within itself, no ``N x N`` mask or scores); logprobs and entropy go back to the ``[B, T]`` frame with
+``PackedRow.unpack`` before the same loss call, as in the torch backend. Every packed row of a step is padded to one
+``N`` (a trailing padding segment of its own), for the pipeline's fixed shapes.
+
+**Logits** stay in the compute dtype (bf16: ``Float16Module(fp32_output=False)``; the upcast would copy ``N x V``
+for nothing: the values are the same); the fp32 log-softmax and entropy run ``policy.logprob_chunk_size``
+positions at a time, as the torch backend's do.
 """
 
 import functools
@@ -56,6 +56,8 @@ class MegatronStack:
     scheduler: Any
     make_vocab_size_divisible_by: int  # with TP, what the embedding's rows were padded to (its checkpoints' shape)
     checkpoint_format: str  # how checkpoints hold the optimizer state (MegatronOptimizerConfig.checkpoint_format)
+    attention_backend: str = "sdpa"  # packed_attention.attention_backend: what packed rows' sequences are given as
+    logprob_chunk_size: int | None = None  # policy.logprob_chunk_size: positions per fp32 log-softmax
 
     @property
     def gpt_model(self) -> Any:
@@ -81,11 +83,13 @@ def build_stack(cfg: PolicyConfig, hf_folder: str) -> MegatronStack:
 
     from nemo_tau2.models.megatron.hf_weights import load_hf_state, read_hf_state
     from nemo_tau2.models.megatron.model import build_gpt_model, transformer_config
+    from nemo_tau2.models.megatron.packed_attention import attention_backend
     from nemo_tau2.models.policy.megatron_config import check_megatron_architecture
 
     mcfg = cfg.megatron_cfg
     hf_config = AutoConfig.from_pretrained(hf_folder, local_files_only=True)
     check_megatron_architecture(mcfg, hf_config)
+    backend = attention_backend(cfg.device)
     config = transformer_config(
         hf_config,
         params_dtype=torch.float32,
@@ -93,6 +97,7 @@ def build_stack(cfg: PolicyConfig, hf_folder: str) -> MegatronStack:
         pipeline_model_parallel_size=mcfg.pipeline_model_parallel_size,
         sequence_parallel=mcfg.sequence_parallel,
         activation_checkpointing=mcfg.activation_checkpointing,
+        attention_backend=backend,
     )
     config.calculate_per_token_loss = True
     config.bf16 = cfg.precision == "bfloat16"
@@ -102,6 +107,7 @@ def build_stack(cfg: PolicyConfig, hf_folder: str) -> MegatronStack:
         pre_process=parallel_state.is_pipeline_first_stage(),
         post_process=parallel_state.is_pipeline_last_stage(),
         padded_vocab_size=mcfg.padded_vocab_size(hf_config.vocab_size),
+        attention_backend=backend,
     )
     load_hf_state(model, read_hf_state(hf_folder), hf_config)
     if config.bf16:  # megatron-core's mixed precision: bf16 weights compute, the optimizer keeps fp32 masters
@@ -161,6 +167,8 @@ def build_stack(cfg: PolicyConfig, hf_folder: str) -> MegatronStack:
         scheduler=scheduler,
         make_vocab_size_divisible_by=mcfg.make_vocab_size_divisible_by,
         checkpoint_format=mcfg.optimizer.checkpoint_format,
+        attention_backend=backend,
+        logprob_chunk_size=cfg.logprob_chunk_size,
     )
 
 
@@ -179,39 +187,45 @@ def _pad_rows(batch: TrainingBatch, rows: int, pad_token_id: int) -> TrainingBat
     return TrainingBatch(**{**vars(batch), **fields})
 
 
-def block_causal_mask(position_ids: torch.Tensor) -> torch.Tensor:
-    """``[1, 1, N, N]`` bool attention mask of a packed row, ``True`` = masked (megatron-core's convention): token
-    ``i`` sees token ``j`` only when ``j <= i`` in the same sequence (a sequence starts where position ids are 0)."""
-    sequence = (position_ids[0] == 0).cumsum(0)
-    same = sequence[:, None] == sequence[None, :]
-    return ~(same & torch.ones_like(same).tril())[None, None]
-
-
-def _frame_logprobs(logits: torch.Tensor, batch: TrainingBatch) -> torch.Tensor:
+def _frame_logprobs(stack: MegatronStack, logits: torch.Tensor, batch: TrainingBatch) -> torch.Tensor:
     """Per-token logprobs in the batch's ``[B, T]`` frame, from padded rows' or the packed row's logits."""
-    return batch.to_frame(token_logprobs(logits, batch.model_input_ids))
+    return batch.to_frame(token_logprobs(logits, batch.model_input_ids, stack.logprob_chunk_size))
 
 
-def _run_schedule(stack: MegatronStack, batches: list[TrainingBatch], loss_of: Any, forward_only: bool) -> list:
+def _prepared(stack: MegatronStack, batches: list[TrainingBatch], pad_token_id: int) -> list[tuple]:
+    """``(batch, packed_seq_params or None)`` per micro-batch, all of one shape, on the stage's device: a packed
+    row's sequence lengths are read here, on the host, once per micro-batch (never by a layer)."""
+    from nemo_tau2.models.megatron.packed_attention import packed_seq_params, sequence_lengths
+
+    shaped = same_shape(batches, pad_token_id)
+    lengths = [sequence_lengths(b.packed.position_ids) if b.packed is not None else None for b in shaped]
+    device = next(stack.model.parameters()).device
+    on_device = shaped if device.type == "cpu" else [batch.to(device) for batch in shaped]
+    return [(batch, None if n is None else packed_seq_params(n, device, stack.attention_backend))
+            for batch, n in zip(on_device, lengths, strict=True)]  # fmt: skip
+
+
+def _run_schedule(stack: MegatronStack, prepared: list[tuple], loss_of: Any, forward_only: bool) -> list:
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    first = batches[0].packed if batches[0].packed is not None else batches[0]
+    first = prepared[0][0].packed if prepared[0][0].packed is not None else prepared[0][0]
     rows, width = first.input_ids.shape  # packed: one row of N tokens
     positions = torch.arange(width, device=first.input_ids.device).expand(rows, width)
+    half = {"fp32_output": False} if stack.config.bf16 else {}  # bf16 logits: no fp32 copy of N x V
 
     def forward_step(data_iterator: Any, model: Any) -> tuple[torch.Tensor, Any]:
-        batch = next(data_iterator)
-        if batch.packed is None:
-            return model(batch.input_ids, positions, None), functools.partial(loss_of, batch)
+        batch, sequences = next(data_iterator)
+        if sequences is None:
+            return model(batch.input_ids, positions, None, **half), functools.partial(loss_of, batch)
         row = batch.packed
-        logits = model(row.input_ids, row.position_ids, block_causal_mask(row.position_ids))
+        logits = model(row.input_ids, row.position_ids, None, packed_seq_params=sequences, **half)
         return logits, functools.partial(loss_of, batch)
 
     return get_forward_backward_func()(
         forward_step_func=forward_step,
-        data_iterator=iter(batches),
+        data_iterator=iter(prepared),
         model=[stack.model],
-        num_microbatches=len(batches),
+        num_microbatches=len(prepared),
         seq_length=width,
         micro_batch_size=rows,
         forward_only=forward_only,
@@ -247,12 +261,6 @@ def same_shape(batches: list[TrainingBatch], pad_token_id: int) -> list[Training
     return out
 
 
-def _on_model_device(stack: MegatronStack, batches: list[TrainingBatch]) -> list[TrainingBatch]:
-    """``batches`` where this rank's stage is (collate builds them on the CPU; on GPUs the stage is on its device)."""
-    device = next(stack.model.parameters()).device
-    return batches if device.type == "cpu" else [batch.to(device) for batch in batches]
-
-
 def _from_last_stage(value: Any) -> Any:
     """The last pipeline stage's ``value`` on every stage of this pipeline."""
     from megatron.core import parallel_state
@@ -268,13 +276,13 @@ def _from_last_stage(value: Any) -> Any:
 def get_logprobs(stack: MegatronStack, batches: list[TrainingBatch], pad_token_id: int) -> list[list[float]]:
     """Per-token logprobs (token frame) of every sequence of ``batches``, in order, on every rank."""
     stack.model.eval()
-    padded = _on_model_device(stack, same_shape(batches, pad_token_id))
+    prepared = _prepared(stack, batches, pad_token_id)
 
     def loss_of(batch: TrainingBatch, logits: torch.Tensor) -> tuple:
-        logprobs = _frame_logprobs(hf_vocab_logits(logits, stack.hf_config), batch)
+        logprobs = _frame_logprobs(stack, hf_vocab_logits(logits, stack.hf_config), batch)
         return logprobs.sum() * 0.0, torch.tensor(1), {"logprobs": logprobs}
 
-    outputs = _from_last_stage(_run_schedule(stack, padded, loss_of, forward_only=True))
+    outputs = _from_last_stage(_run_schedule(stack, prepared, loss_of, forward_only=True))
     result = []
     for batch, out in zip(batches, outputs, strict=True):
         result += [row[:n].tolist() for row, n in zip(out["logprobs"], batch.lengths, strict=False)]
@@ -298,20 +306,21 @@ def train_global_batch(
     stack.model.train()
     stack.model.zero_grad_buffer()
     stack.optimizer.zero_grad()
-    padded = _on_model_device(stack, same_shape(batches, pad_token_id))
+    prepared = _prepared(stack, batches, pad_token_id)
 
     def loss_of(batch: TrainingBatch, logits: torch.Tensor) -> tuple:
         logits = hf_vocab_logits(logits, stack.hf_config)
         loss, metrics = loss_fn(
-            curr_logprobs=_frame_logprobs(logits, batch),
+            curr_logprobs=_frame_logprobs(stack, logits, batch),
             **batch.loss_inputs(),
             global_valid_tokens=global_valid_toks,
             global_valid_seqs=global_valid_seqs,
         )
-        metrics["entropy"] = batch.mean_over_loss_tokens(batch.to_frame(next_token_entropy(logits.detach())))
+        entropy = next_token_entropy(logits.detach(), stack.logprob_chunk_size)
+        metrics["entropy"] = batch.mean_over_loss_tokens(batch.to_frame(entropy))
         return loss, torch.tensor(1), {"loss": loss.detach(), "metrics": metrics}
 
-    outputs = _run_schedule(stack, padded, loss_of, forward_only=False)
+    outputs = _run_schedule(stack, prepared, loss_of, forward_only=False)
     stepped, grad_norm, _ = stack.optimizer.step()
     lr = stack.optimizer.param_groups[0]["lr"]
     if stepped:

@@ -12,7 +12,9 @@ rank takes part in the same number of pipeline steps. Loss metrics come back fro
 (TP rank 0 of the last stage), so nothing is counted twice.
 
 The reference model (``init_reference_model``) is a CPU copy of this rank's initial parameters, swapped in for
-:meth:`get_reference_logprobs` and swapped back out. Weights for generation and ``save_hf_model`` go through
+:meth:`get_reference_logprobs` and swapped back out (on GPUs through page-locked host buffers kept between calls:
+asynchronous copies at the link's speed, ordered on the stream, instead of a fresh pageable copy of every weight).
+Weights for generation and ``save_hf_model`` go through
 :func:`~nemo_tau2.models.megatron.hf_weights.full_hf_state` (TP slices gathered, PP stages collected on rank 0).
 """
 
@@ -31,6 +33,15 @@ from nemo_tau2.models.policy.data import TrainingBatch, TrainingSequence, collat
 from nemo_tau2.models.policy.interfaces import LossFunction
 
 COLLECTIVE_TIMEOUT = timedelta(minutes=30)
+
+
+def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` copied to host memory, page-locked when it lives on a GPU (so copies to and from it are fast and
+    may run asynchronously)."""
+    copy = tensor.detach().to("cpu", copy=True)
+    return copy.pin_memory() if tensor.is_cuda else copy
+
+
 WEIGHT_BUCKET_BYTES = 256 * 2**20
 
 
@@ -66,6 +77,7 @@ class MegatronPolicyWorker:
             self._folder = self._tmp.name
         self._init_reference_model = init_reference_model
         self._reference: dict[str, torch.Tensor] | None = None
+        self._current: dict[str, torch.Tensor] | None = None  # host buffer of the current weights while swapped
         self.stack: Any = None
         self._in_group = False
 
@@ -91,7 +103,7 @@ class MegatronPolicyWorker:
         initialize_megatron(mcfg.tensor_model_parallel_size, mcfg.pipeline_model_parallel_size, seed=0)
         self.stack = build_stack(self.cfg, self._folder)
         if self._init_reference_model:
-            self._reference = {name: p.detach().to("cpu", copy=True) for name, p in self._parameters().items()}
+            self._reference = {name: _host_copy(p) for name, p in self._parameters().items()}
 
     def data_parallel_rank(self) -> tuple[int, bool]:
         """``(data-parallel rank, reports loss metrics)``: the Policy plans per data-parallel rank."""
@@ -162,14 +174,18 @@ class MegatronPolicyWorker:
         if self._reference is None:
             raise ValueError("no reference model: build the Policy with init_reference_model=True")
         params = self._parameters()
-        current = {name: p.detach().to("cpu", copy=True) for name, p in params.items()}
+        if self._current is None:
+            self._current = {name: _host_copy(p) for name, p in params.items()}
+        on_gpu = next(iter(params.values())).is_cuda  # stream-ordered: each copy waits for the one before
+        for name, p in params.items():
+            self._current[name].copy_(p, non_blocking=on_gpu)
         try:
             for name, p in params.items():
-                p.copy_(self._reference[name])
+                p.copy_(self._reference[name], non_blocking=on_gpu)
             return self.get_logprobs(micro_batches)
         finally:
             for name, p in params.items():
-                p.copy_(current[name])
+                p.copy_(self._current[name], non_blocking=on_gpu)
 
     def train_global_batch(
         self,

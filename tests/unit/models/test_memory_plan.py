@@ -235,6 +235,10 @@ def test_megatron_splits_layers_and_vocab_over_tp_and_pp_and_the_optimizer_over_
     assert activations(rank(1, 2)) == pytest.approx(activations(one))
     assert activations(one) > activations(rank(2, 1)) > activations(rank(2, 1, sequence_parallel=True))
     assert activations(rank(2, 1, sequence_parallel=True)) == pytest.approx(activations(one) / 2)
+    # packed: a micro-batch is sequence_packing.train_mb_tokens, not micro-batch size x max length
+    packed = _policy(megatron_cfg={"enabled": True}, sequence_packing={"enabled": True, "train_mb_tokens": 65536})
+    items = make_plan(packed, ClusterConfig(), reference=False, shape=qwen3_4b).devices[0].items
+    assert activations(items) == pytest.approx(activations(rank(1, 1)) * 2)
     # the reference model: host memory, swapped in by the worker (MegatronPolicyWorker.get_reference_logprobs)
     cfg = _policy(num_workers=8, megatron_cfg={"enabled": True, "tensor_model_parallel_size": 2})
     with_reference = make_plan(cfg, ClusterConfig(), reference=True, shape=qwen3_4b).devices[0]

@@ -1,5 +1,6 @@
 """Scenario bodies run inside a spawned gloo process (see :mod:`scenarios`); each returns what its test asserts."""
 
+import contextlib
 from pathlib import Path
 
 import torch
@@ -10,6 +11,7 @@ from nemo_tau2.models.megatron import conversion
 from nemo_tau2.models.megatron.hf_weights import full_hf_state, load_hf_state, read_hf_state, save_hf_folder
 from nemo_tau2.models.megatron.model import build_gpt_model, hf_vocab_logits, transformer_config
 from nemo_tau2.models.megatron.parallel import destroy_megatron, initialize_megatron
+from tests.unit.models.megatron.scenario_packed import RowSquares, packed_attention, packed_attention_tp2  # noqa: F401
 from tests.unit.models.megatron.scenarios import tiny_hf_model
 
 
@@ -152,7 +154,10 @@ def training(tmp: Path, tp: int = 1, pp: int = 1, with_plain_reference: bool = F
     dp_rank, dp_size = parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
     mine = sequences[dp_rank::dp_size]
     micro = [collate(mine[i : i + 2], pad, packed=packed) for i in range(0, len(mine), 2)]
-    logprobs = get_logprobs(stack, micro, pad)
+    recorder = RowSquares(max(b.packed.input_ids.shape[1] for b in micro)) if packed and tp == 1 else None
+    recorder = recorder or contextlib.nullcontext()
+    with recorder:  # packed: every N x N tensor over the row (there must be none)
+        logprobs = get_logprobs(stack, micro, pad)
     result = {}
     if packed:  # the worker's padding micro-batch of a rank without data (a row of 2 pad tokens) beside a real one
         from nemo_tau2.models.megatron.worker import MegatronPolicyWorker
@@ -164,7 +169,10 @@ def training(tmp: Path, tp: int = 1, pp: int = 1, with_plain_reference: bool = F
     micro = [collate(mine[i : i + 2], pad, packed=packed) for i in range(0, len(mine), 2)]
     loss_fn = ClippedPGLossFn(ClippedPGLossConfig(reference_policy_kl_penalty=0.0))
     valid_toks, valid_seqs = global_normalisers(sequences)
-    steps = [train_global_batch(stack, micro, loss_fn, valid_toks, valid_seqs, pad) for _ in range(TRAIN_STEPS)]
+    with recorder:
+        steps = [train_global_batch(stack, micro, loss_fn, valid_toks, valid_seqs, pad) for _ in range(TRAIN_STEPS)]
+    if isinstance(recorder, RowSquares):
+        result |= {"row_squares": recorder.squares, "row_tensors": recorder.row_tensors}
     result |= {"losses": [s["loss"] for s in steps], "grad_norms": [s["grad_norm"] for s in steps],
                "logprobs": logprobs if dp_rank == 0 else None,
                "weight_dtypes": sorted({str(p.dtype) for p in stack.gpt_model.parameters()}),
@@ -234,6 +242,10 @@ def training_tp2(tmp: Path) -> dict:
 
 def training_pp2(tmp: Path) -> dict:
     return training(tmp, pp=2)
+
+
+def training_tp2_packed(tmp: Path) -> dict:
+    return training(tmp, tp=2, packed=True)
 
 
 def training_pp2_packed(tmp: Path) -> dict:
@@ -341,7 +353,9 @@ def _in_sequence(tmp: Path, names: list[str]) -> dict:
 
 
 def one_process(tmp: Path) -> dict:
-    return _in_sequence(tmp, ["conversion_single", "training_single", "training_packed", "training_bf16"])
+    return _in_sequence(
+        tmp, ["conversion_single", "training_single", "training_packed", "training_bf16", "packed_attention"]
+    )
 
 
 def two_processes(tmp: Path) -> dict:
@@ -352,7 +366,9 @@ def two_processes(tmp: Path) -> dict:
             "training_dp2",
             "training_tp2",
             "training_pp2",
+            "training_tp2_packed",
             "training_pp2_packed",
+            "packed_attention_tp2",
             "checkpoint_resume",
             "checkpoint_resume_replicated_optimizer",
             "checkpoint_resume_dp_reshardable",

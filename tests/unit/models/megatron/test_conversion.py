@@ -92,3 +92,18 @@ def test_a_padded_vocabulary_converts_with_zero_rows_and_exports_without_them(mo
     back = megatron_to_hf(full, config)
     assert sorted(back) == sorted(state)
     assert all(torch.equal(back[name], state[name]) for name in state)
+
+
+def test_transformers_5_rope_parameters_are_read_and_scaled_rope_refused():
+    """transformers 5 keeps RoPE in ``rope_parameters`` (``rope_type`` "default": plain RoPE, with its theta);
+    every released Qwen3 has it, so it must build; a scaled RoPE is refused in one line."""
+    from transformers import LlamaConfig, Qwen3Config
+
+    from nemo_tau2.models.megatron.model import UnsupportedArchitecture, check_supported, rope_theta
+
+    qwen3 = Qwen3Config(rope_theta=1_000_000.0, head_dim=24)
+    check_supported(qwen3)
+    assert rope_theta(qwen3) == 1_000_000.0
+    scaled = LlamaConfig(max_position_embeddings=16384, rope_scaling={"rope_type": "linear", "factor": 2.0})
+    with pytest.raises(UnsupportedArchitecture, match="rope_type 'linear'"):
+        check_supported(scaled)

@@ -3,7 +3,7 @@ on the same tiny Qwen3 (591-token vocabulary, padded to 640 rows, 768 at TP=2) a
 normalisers, AdamW, clipping at 1.0), and the same loss trajectory and trained weights with the work split over 2
 processes: DP=2 (Megatron DDP + distributed optimizer), TP=2, PP=2; the trained weights exported as an HF folder load
 in transformers with Megatron's logits. With sequence packing (one packed row per micro-batch, block-diagonal causal
-mask) the same logprobs and trajectory, also at PP=2.
+attention, no mask) the same logprobs and trajectory, also at PP=2.
 
 The scenarios share two spawned process groups (see ``conftest``); 3 optimizer steps each. A distributed checkpoint
 saved after 2 steps resumes the uninterrupted trajectory.
@@ -42,8 +42,8 @@ def test_loss_and_grad_norm_trajectories_agree_with_the_torch_policy(single):
 
 
 def test_packed_rows_give_the_padded_logprobs_and_trajectory(single, one_process):
-    """Megatron on packed rows = Megatron on padded rows = the torch Policy on packed rows. Without the block mask
-    (sequences attending to the ones before them in the row) the logprobs move by 5.0."""
+    """Megatron on packed rows = Megatron on padded rows = the torch Policy on packed rows. Without per-sequence
+    attention (sequences attending to the ones before them in the row) the logprobs move by 5.0."""
     packed = one_process["training_packed"]
     # with the worker's padding micro-batch (a rank without data) in the same call: the real rows, unchanged
     assert packed["with_empty_micro_batch"][:2] == packed["logprobs"][:2]
