@@ -56,7 +56,7 @@ _LARGE_VERIFY_FIELDS = ("responses_create_params", "response")  # the transcript
 
 
 class AsyncTau2Env:
-    """tau2 episodes of one domain, step by step (see the module docstring and the README's "Tau2Env" section).
+    """tau2 episodes of one domain, step by step (see the module docstring and docs/env-api.md).
 
     Args:
         domain: airline, retail, telecom or mock.

@@ -19,7 +19,7 @@ from typing import Any
 from nemo_tau2.cluster import ClusterConfig
 from nemo_tau2.config import ConfigError
 
-# Accepted keys whose value changes nothing here, and why (README "Coming from NeMo-RL" lists them too).
+# Accepted keys whose value changes nothing here, and why (docs/eval.md, "Coming from NeMo-RL", lists them too).
 ACCEPTED = {
     "data.processor": "nemo_gym_data_processor is how Gym rows are read; rows are read as Gym rows here",
     "data.env_name": "nemo_gym is the only environment here",

@@ -13,8 +13,8 @@ For a micro-batch of ``T`` tokens the plan of a trainer rank (:func:`~nemo_tau2.
 Peaks measured at several token budgets (and shapes) give the least-squares line
 ``measured - fixed = overhead' + scale' * token_bytes(T) / TOKEN_BYTES_SCALE``: ``overhead'`` and ``scale'`` are the
 constants the plan should carry. From a single token budget only ``scale'`` is solved and the overhead kept. The
-fit is a suggestion: a person copies it into ``memory_constants.py`` with the card, date and commit (README: "The GPU
-kit"), never the code at run time.
+fit is a suggestion: a person copies it into ``memory_constants.py`` with the card, date and commit
+(docs/gpu-kit.md), never the code at run time.
 
 The band is asymmetric: a plan may err towards more memory (up to 10% over the measured peak: ratio >= 1/1.10), not
 towards less (at most 3% under: ratio <= 1.03), since a plan that says "fits" must not run out of memory. Two kinds

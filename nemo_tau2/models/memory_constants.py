@@ -1,13 +1,13 @@
 """The memory plan's measured constants (:mod:`nemo_tau2.models.memory_plan`): how much of each first-principles term
 is live at the peak the CUDA caching allocator reserves, and where each figure comes from. A GPU measurement
 (``bench/gpu_check.py --write-calibration``) corrects them; ``tests/unit/models/test_memory_calibration.py`` holds the
-plan to every recorded ladder point (README: "The GPU kit")."""
+plan to every recorded ladder point (docs/gpu-kit.md)."""
 
 # Measured constants: one NVIDIA H200, torch 2.11 + transformers 5.17, bench/gpu_check.py at 0ec1e71, 2026-11-27
 # (shared/measurements/gpu_check_h200_2026-11-27.jsonl: Qwen3 0.6B..8B, 4k..64k-token micro-batches, activation
 # checkpointing on and off). Fitted by a linear program that keeps every ladder point in [-3%, +10%] of its estimate
 # (the largest margin: 0.3%); the first principles (2 bytes per logit and 2 per logit gradient in bf16, a block's
-# input per token and layer under checkpointing) held as they are. To recalibrate: README "The GPU kit".
+# input per token and layer under checkpointing) held as they are. To recalibrate: docs/gpu-kit.md.
 RUNTIME_OVERHEAD_BYTES = 2.25e9
 """CUDA context, NCCL communicators, cuBLAS workspace and the fp32 log-softmax chunks' cache, per GPU."""
 OPTIMIZER_STEP_BYTES_PER_PARAM = 3.5

@@ -100,7 +100,7 @@ class DTensorConfig(_Strict):
     gradients are all-reduced. Enabled, parameters, gradients and optimizer state are sharded over the ranks (16/N
     bytes per parameter), each transformer block is gathered only while it computes, and the reference model is
     sharded the same way. Tensor, context and sequence parallelism are NeMo-RL keys we do not implement: any value
-    other than the default is refused (see the README).
+    other than the default is refused (see docs/trainer.md).
     """
 
     enabled: bool = Field(default=False, description="Shard with FSDP2 (per transformer block, then the root).")
@@ -159,7 +159,7 @@ class DTensorConfig(_Strict):
                 raise ValueError(
                     f"policy.dtensor_cfg.{key}={value} is not supported: the trainer shards with FSDP2 only "
                     f"(data-parallel sharding over policy.num_workers); set it to {supported} and use more ranks, "
-                    "dtensor_cfg.cpu_offload or sequence packing for memory (see README: Sharded training)"
+                    "dtensor_cfg.cpu_offload or sequence packing for memory (see docs/trainer.md)"
                 )
         return self
 
