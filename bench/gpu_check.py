@@ -37,7 +37,6 @@ import datetime
 import functools
 import gc
 import json
-import math
 import random
 import statistics
 import sys
@@ -49,7 +48,7 @@ import torch
 from gpu_check_generation import generation_speed
 from gpu_check_levers import measure_levers
 from gpu_check_megatron import HEADER, MEGATRON_SUMMARY, measure_megatron, megatron_columns, megatron_missing
-from gpu_check_run import Budget, PeakMemory, project_commit
+from gpu_check_run import Budget, PeakMemory, grpo_step, project_commit
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import nemo_tau2  # noqa: F401  (offline settings first)
@@ -102,19 +101,6 @@ def forward_flops(matmul_params: int, layers: int, attention_width: int, lengths
     return 2.0 * matmul_params * sum(lengths) + 2.0 * layers * attention_width * sum(n * n for n in lengths)
 
 
-def grpo_step(policy: Policy, sequences: list[TrainingSequence]) -> tuple[float, float]:
-    """The trainer's part of one GRPO step: logprobs (policy, reference), then ``train``; returns both times."""
-    started = time.perf_counter()
-    for seq, lp, ref in zip(sequences, policy.get_logprobs(sequences),
-                            policy.get_reference_policy_logprobs(sequences), strict=True):  # fmt: skip
-        seq.prev_logprobs, seq.reference_logprobs = lp, ref
-    scored = time.perf_counter()
-    metrics = policy.train(sequences, LOSS)
-    if not math.isfinite(metrics["grad_norm"]):
-        raise RuntimeError(f"the training step gave a gradient norm of {metrics['grad_norm']} (step skipped)")
-    return scored - started, time.perf_counter() - scored
-
-
 def fitting_depth(cfg: PolicyConfig, shape: ModelShape, cluster: ClusterConfig) -> int:
     """The most layers (all of them if possible, at least 2) whose plan fits one device at ``cfg``'s budget."""
     for layers in range(shape.num_blocks, 1, -1):
@@ -133,7 +119,7 @@ def ladder_step(policy: Policy, plan, sequences: list[TrainingSequence], meter: 
     budget = sum(len(s) for s in sequences)
     meter.start()
     try:
-        score_s, train_s = grpo_step(policy, sequences)
+        score_s, train_s, _ = grpo_step(policy, sequences, LOSS)
     except torch.OutOfMemoryError:
         _free(meter.device)
         return {"tokens": budget, "fits": False, "estimated_bytes": plan.total_bytes}
@@ -245,8 +231,8 @@ def torch_steps(cfg: PolicyConfig, model, tokenizer, batches: dict, cluster, sha
             timed = max([b for b in fitting if b <= timed_budget] or fitting[:1])
             out["memory_ratio"] = next(row["ratio"] for row in ladder if row["tokens"] == timed)
             try:  # after an out-of-memory step the ladder's figures still count
-                times = [grpo_step(policy, batches[timed]) for _ in range(steps)]
-                score_s, train_s = statistics.median(s for s, _ in times), statistics.median(t for _, t in times)
+                times = [grpo_step(policy, batches[timed], LOSS) for _ in range(steps)]
+                score_s, train_s = statistics.median(t[0] for t in times), statistics.median(t[1] for t in times)
                 out |= figures([len(s) for s in batches[timed]], score_s, train_s)
             except Exception as e:
                 out["timed_error"] = _one_line(e)

@@ -15,10 +15,10 @@ Levers (``models/policy``; the off value is what the trainer did before each lev
 """
 
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
+from gpu_check_run import grpo_step
 from transformers import AutoModelForCausalLM
 
 from nemo_tau2.models.policy import PolicyConfig, TrainingSequence
@@ -42,17 +42,6 @@ def _with(cfg: PolicyConfig, *changes: dict) -> PolicyConfig:
     return PolicyConfig(**fields)
 
 
-def _step(policy: Policy, sequences: list[TrainingSequence], loss) -> tuple[float, float, float]:
-    """One GRPO step of the trainer (logprobs, reference logprobs, train): its two times and the loss."""
-    started = time.perf_counter()
-    for seq, lp, ref in zip(sequences, policy.get_logprobs(sequences),
-                            policy.get_reference_policy_logprobs(sequences), strict=True):  # fmt: skip
-        seq.prev_logprobs, seq.reference_logprobs = lp, ref
-    scored = time.perf_counter()
-    metrics = policy.train(sequences, loss)
-    return scored - started, time.perf_counter() - scored, metrics["loss"]
-
-
 def _run(cfg: PolicyConfig, config, tokenizer, sequences: list[TrainingSequence], steps: int, loss,
          figures: Callable, free: Callable) -> dict:  # fmt: skip
     """A fresh model (seed 0) under ``cfg``: its logprobs of ``sequences``, then a first (compiling) step and
@@ -63,12 +52,12 @@ def _run(cfg: PolicyConfig, config, tokenizer, sequences: list[TrainingSequence]
     policy = Policy(cfg, model=model, tokenizer=tokenizer, init_reference_model=True)
     try:
         logprobs = policy.get_logprobs(sequences)
-        runs = [_step(policy, sequences, loss) for _ in range(steps + 1)]
+        runs = [grpo_step(policy, sequences, loss) for _ in range(steps + 1)]
         result = figures([len(s) for s in sequences], statistics.median(r[0] for r in runs[1:]),
                          statistics.median(r[1] for r in runs[1:]))  # fmt: skip
         result["first_step_s"] = round(runs[0][0] + runs[0][1], 3)
         result["activation_checkpointing"] = getattr(policy._workers.worker, "activation_checkpointing", None)
-        return {"result": result, "logprobs": logprobs, "loss": runs[0][2]}
+        return {"result": result, "logprobs": logprobs, "loss": runs[0][2]["loss"]}
     finally:
         policy.shutdown()
         del policy, model

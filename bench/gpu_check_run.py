@@ -1,5 +1,5 @@
-"""What a run of the GPU kit (``bench/gpu_check.py``) keeps about itself: its peak-memory meter, its time budget and
-the commit it ran.
+"""What a run of the GPU kit (``bench/gpu_check.py``) keeps about itself: its peak-memory meter, its time budget, the
+commit it ran, and the one GRPO step every measurement of the torch path times.
 
 A loan is short (15 minutes of device time, start included), so the check runs under ``--budget-s``: before each
 unit of work (a shape's torch path, its Megatron step, its generation) it compares the time left with what the unit
@@ -8,6 +8,7 @@ units compared with their own H200 times, and skips the unit when it would overr
 what was skipped and why. A unit already started is never cut short.
 """
 
+import math
 import subprocess
 import time
 from pathlib import Path
@@ -104,3 +105,18 @@ class PeakMemory:
         free, total = torch.cuda.mem_get_info()
         outside = max(total - free - torch.cuda.memory_reserved(), 0)
         return float(torch.cuda.max_memory_reserved() + outside)
+
+
+def grpo_step(policy, sequences: list, loss) -> tuple[float, float, dict]:
+    """The trainer's part of one GRPO step on ``policy`` (a ``Policy``): logprobs (policy, reference), then ``train``
+    with ``loss``; its two times and the training metrics. A non-finite gradient norm (a skipped step) is an error:
+    its times would not be a step's."""
+    started = time.perf_counter()
+    for seq, lp, ref in zip(sequences, policy.get_logprobs(sequences),
+                            policy.get_reference_policy_logprobs(sequences), strict=True):  # fmt: skip
+        seq.prev_logprobs, seq.reference_logprobs = lp, ref
+    scored = time.perf_counter()
+    metrics = policy.train(sequences, loss)
+    if not math.isfinite(metrics["grad_norm"]):
+        raise RuntimeError(f"the training step gave a gradient norm of {metrics['grad_norm']} (step skipped)")
+    return scored - started, time.perf_counter() - scored, metrics
