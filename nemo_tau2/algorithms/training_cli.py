@@ -64,7 +64,7 @@ def check_memory_plan(plan_memory: Callable[[Any], Any], cfg: BaseModel, args: C
     Otherwise a run that cannot fit stops with exit 2 before anything starts, the plan on stderr and the problems
     (each names the key to change) in one line."""
     from nemo_tau2.gym.capacity import format_gym_capacity, gym_capacity_of
-    from nemo_tau2.models.memory_plan import format_plan
+    from nemo_tau2.models.plan_table import format_plan
 
     try:
         plan = plan_memory(cfg)
