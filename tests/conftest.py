@@ -9,6 +9,7 @@ fast modules carry ``@pytest.mark.slow`` themselves.
 """
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,14 +75,17 @@ SLOW_MODULES = frozenset(
 
 
 # The extras `scripts/setup.sh` installs, which some tests need: missing, the session stops at once naming the fix
-# (no test skips for a missing environment; see tests/env_python.py for the environments outside .venv).
+# (no test skips for a missing environment; see tests/env_python.py for the environments outside .venv). On Python
+# 3.13 the environment is NeMo-Gym 0.7.0's (scripts/build_gym07_env.sh): the Gym side without the trainer's extras,
+# by design; tests/unit/gym/test_nemo_gym_0_7.py runs only Gym tests there.
 REQUIRED_EXTRAS = {"xllamacpp": "llamacpp", "megatron": "megatron", "transformers": "training"}
+GYM_SIDE_ONLY = sys.version_info >= (3, 13)
 
 
 def pytest_configure(config):
     env_python._pytest_config = config
     missing = sorted({extra for module, extra in REQUIRED_EXTRAS.items() if importlib.util.find_spec(module) is None})
-    if missing:
+    if missing and not GYM_SIDE_ONLY:
         raise pytest.UsageError(f"the project's environment lacks the extras {missing}: run scripts/setup.sh project")
     # a renamed module would otherwise drop out of the list silently, and into the fast loop
     missing = sorted(module for module in SLOW_MODULES if not (UNIT / module).is_file())
