@@ -45,6 +45,6 @@ def test_v101_is_taken_by_grpo_and_eval():
 
 def test_the_summary_records_the_release():
     record = {"domain": "mock", "task_id": "create_task_1", "success": True, "reward": 1.0, "status": "ok"}
-    record |= {"termination_reason": "user_stop", "num_turns": 2, "total_tokens": None}
+    record |= {"termination_reason": "user_stop", "num_turns": 2, "total_tokens": None, "token_contiguity_breaks": []}
     raw = load_config(FAKE_EVAL)
     assert summarize(setup_eval(raw), raw, [record])["tau2_version"] == "v0.2.1"
