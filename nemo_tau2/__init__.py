@@ -13,6 +13,10 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 # Under `uv run`, Ray would start its workers with `uv run` in an uploaded copy of the working directory: slow,
 # and without this environment's optional extras (torch). Our Ray workers run this interpreter in this environment.
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+# transformers 5 draws a tqdm bar ("Loading weights") for every model it loads, from files on disk (nothing is
+# downloaded at run time): in a run's output and logs it redraws with carriage returns between the step rows. Its
+# switch is huggingface_hub's, read when huggingface_hub is first imported; it reaches our child processes too.
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 from nemo_tau2._logging import route_tau2_logs  # noqa: E402
 
