@@ -74,6 +74,11 @@ SLOW_MODULES = frozenset(
 )
 
 
+# Modules that start the real vLLM engine: run one after another on one xdist worker, never two engines at once on
+# the suite's 2 cores (each would take both, and their start-up waits would double).
+VLLM_MODULES = frozenset({"generation/test_vllm_live.py", "evals/test_eval_vllm.py", "algorithms/test_grpo_vllm.py"})
+
+
 # The extras `scripts/setup.sh` installs, which some tests need: missing, the session stops at once naming the fix
 # (no test skips for a missing environment; see tests/env_python.py for the environments outside .venv). On Python
 # 3.13 the environment is NeMo-Gym 0.7.0's (scripts/build_gym07_env.sh): the Gym side without the trainer's extras,
@@ -88,13 +93,28 @@ def pytest_configure(config):
     if missing and not GYM_SIDE_ONLY:
         raise pytest.UsageError(f"the project's environment lacks the extras {missing}: run scripts/setup.sh project")
     # a renamed module would otherwise drop out of the list silently, and into the fast loop
-    missing = sorted(module for module in SLOW_MODULES if not (UNIT / module).is_file())
+    missing = sorted(module for module in SLOW_MODULES | VLLM_MODULES if not (UNIT / module).is_file())
     if missing:
         raise pytest.UsageError(f"tests/conftest.py SLOW_MODULES names modules that do not exist: {missing}")
 
 
 def pytest_collection_modifyitems(config, items):
+    """Marks slow modules, and lays the suite out for pytest-xdist (``-n 2 --dist loadgroup`` in pyproject.toml).
+
+    Each module is one xdist group, so its module fixtures (a Gym stack, a Ray cluster, a vLLM server) start once, on
+    one worker; the vLLM modules share a group. Groups are handed out in collection order, so the slow modules are
+    moved to the front: the longest ones start first and the two workers finish together rather than one waiting on
+    a long module collected last."""
     for item in items:
-        path = Path(str(item.path))
-        if path.is_relative_to(UNIT) and path.relative_to(UNIT).as_posix() in SLOW_MODULES:
+        module = _unit_module(item)
+        if module in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
+        if not any(mark.name == "xdist_group" for mark in item.iter_markers()):
+            group = "vllm" if module in VLLM_MODULES else (module or str(item.path))
+            item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: 0 if _unit_module(item) in SLOW_MODULES else 1)  # stable: file order kept within
+
+
+def _unit_module(item) -> str | None:
+    path = Path(str(item.path))
+    return path.relative_to(UNIT).as_posix() if path.is_relative_to(UNIT) else None

@@ -23,7 +23,8 @@ ON_NEMO_GYM_0_7 = [
 def test_the_gym_side_passes_on_nemo_gym_0_7():
     python = environment_python("NEMO_TAU2_GYM07_PYTHON", "gym07", "NeMo-Gym 0.7.0 (Python 3.13)")
     env = os.environ | {"PYTHONPATH": str(ROOT), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-    command = [python, "-m", "pytest", *ON_NEMO_GYM_0_7, "-q", "-p", "no:cacheprovider", "-rfEs"]
+    # addopts emptied: one process (this environment has no pytest-xdist)
+    command = [python, "-m", "pytest", *ON_NEMO_GYM_0_7, "-q", "-p", "no:cacheprovider", "-rfEs", "-o", "addopts="]
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
     sys.stdout.write(result.stdout[-3000:])  # its per-file summary, in this test's captured output
     assert result.returncode == 0, f"on NeMo-Gym 0.7.0:\n{result.stdout[-8000:]}\n{result.stderr[-2000:]}"

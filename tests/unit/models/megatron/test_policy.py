@@ -93,7 +93,8 @@ def runs(tmp_path_factory) -> dict:
     plain = _exchange(torch_run, tmp_path_factory.mktemp("torch"))
     torch_checkpoint = torch_run.save_checkpoint(step_dir(tmp_path_factory.mktemp("torch_ckpt"), 2), {"step": 2})
     refusals = {}
-    ray.init(num_cpus=2, include_dashboard=False)  # one Ray for the Megatron Policies (each leaves it running)
+    # one Ray for the Megatron Policies (each leaves it running); "local": never another test process's cluster
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
     try:
         with Policy(_config(True, packed=True), model=copy.deepcopy(tiny.model), tokenizer=tiny.tokenizer,
                     init_reference_model=True) as policy:  # fmt: skip

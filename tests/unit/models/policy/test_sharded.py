@@ -31,7 +31,8 @@ SEQUENCE_LEVEL = ClippedPGLossFn(ClippedPGLossConfig(reference_policy_kl_penalty
 @pytest.fixture(scope="module")
 def ray_cluster():
     assert not ray.is_initialized()
-    ray.init(num_cpus=6, include_dashboard=False, configure_logging=False)  # logical: 2 ranks + 4 ranks at once
+    # logical CPUs: 2 ranks + 4 ranks at once; "local": never another test process's cluster (xdist runs two)
+    ray.init(address="local", num_cpus=6, include_dashboard=False, configure_logging=False)
     yield
     ray.shutdown()
 
