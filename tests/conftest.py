@@ -79,6 +79,16 @@ SLOW_MODULES = frozenset(
 VLLM_MODULES = frozenset({"generation/test_vllm_live.py", "evals/test_eval_vllm.py", "algorithms/test_grpo_vllm.py"})
 
 
+# Packages whose conftest starts something expensive once for all their modules (package- or session-scoped): one
+# xdist group each, so it starts once, not once per worker.
+SHARED_FIXTURE_PACKAGES = (
+    "tau2_release/",  # tau2 v1.0.1's worker and the scripted judge (~35 s to start)
+    "models/megatron/",  # the spawned one- and two-process Megatron runs
+    "report/",  # a pair of evaluations through examples/run_eval.py
+    "env_api/",  # the Gym stack and user strategies behind the env API
+    "gym/agent/",  # the agent's Gym stack
+)
+
 # The extras `scripts/setup.sh` installs, which some tests need: missing, the session stops at once naming the fix
 # (no test skips for a missing environment; see tests/env_python.py for the environments outside .venv). On Python
 # 3.13 the environment is NeMo-Gym 0.7.0's (scripts/build_gym07_env.sh): the Gym side without the trainer's extras,
@@ -110,9 +120,15 @@ def pytest_collection_modifyitems(config, items):
         if module in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
         if not any(mark.name == "xdist_group" for mark in item.iter_markers()):
-            group = "vllm" if module in VLLM_MODULES else (module or str(item.path))
-            item.add_marker(pytest.mark.xdist_group(group))
+            item.add_marker(pytest.mark.xdist_group(_xdist_group(module, item)))
     items.sort(key=lambda item: 0 if _unit_module(item) in SLOW_MODULES else 1)  # stable: file order kept within
+
+
+def _xdist_group(module: str | None, item) -> str:
+    if module in VLLM_MODULES:
+        return "vllm"
+    package = next((package for package in SHARED_FIXTURE_PACKAGES if module and module.startswith(package)), None)
+    return package or module or str(item.path)
 
 
 def _unit_module(item) -> str | None:

@@ -13,7 +13,8 @@ be reached is routed around (:mod:`.routing`).
 What it does not do, refused at start-up or per request with a message naming the setting: Responses-native
 endpoints, reasoning parsers, ``sequential_reasoning_allowed: false``, audio metadata, and every ``vllm_model`` key
 of NeMo-Gym 0.7.0 it does not implement (``sampling_overrides``, ``use_completions_api``, ``reasoning_field``...)
-set to anything but its default. For those, use NeMo-Gym's ``vllm_model``; the tau2 agent works with either
+set to anything but its default, and 0.7.0's run-wide ``token_id_capture`` (its token ids ride on the output
+items instead). For those, use NeMo-Gym's ``vllm_model``; the tau2 agent works with either
 (NeMo-RL points ``policy_model`` at its own ``vllm_model``). 0.7.0's ``supply_prefix_token_ids`` and
 ``request_prompt_and_generation_token_ids`` are what this server always does with ``return_token_id_information``
 (the previous turn's token ids ride on the history for the endpoint's splice; prompt ids come with the completion).
@@ -90,6 +91,18 @@ class FastVLLMModelConfig(GymInstanceConfigMixin, RequestLimitsMixin, VLLMModelC
         return self
 
 
+def _refuse_token_id_capture(global_config: Any) -> None:
+    """NeMo-Gym 0.7.0's run-wide ``token_id_capture`` records token ids by wrapping ``vllm_model``'s
+    ``_invoke_responses``, which this server's own routes never call: with capture on, its records would silently
+    miss every call made here. Token ids reach the trainer on this server's output items instead."""
+    capture = (global_config or {}).get("token_id_capture") or {}
+    if capture.get("enabled"):
+        raise ValueError(
+            "fast_vllm_model does not take part in NeMo-Gym's token_id_capture (its items carry the token ids: "
+            "return_token_id_information: true); set token_id_capture.enabled: false, or use vllm_model"
+        )
+
+
 class FastVLLMModel(OwnModelRoutes, FastMiddlewareMixin, SimpleResponsesAPIModel):
     config: FastVLLMModelConfig
     _http: GymHttpClient = PrivateAttr()
@@ -97,6 +110,7 @@ class FastVLLMModel(OwnModelRoutes, FastMiddlewareMixin, SimpleResponsesAPIModel
     _router: ReplicaRouter = PrivateAttr()
 
     def model_post_init(self, context: Any) -> None:
+        _refuse_token_id_capture(self.server_client.global_config_dict)
         self._http = GymHttpClient()
         urls = self.config.base_url
         self._router = ReplicaRouter(

@@ -1,6 +1,7 @@
 """The resources server on tau2 v1.0.1, over HTTP, as a real Gym server process with its workers: a /verify waiting
 on the NL judge holds up no other session's tool call (it scores on a worker and thread of its own), its retries
-are answered by that one scoring, and a worker that dies is a 502 naming it (an infrastructure error), not a 500."""
+are answered by that one scoring, a judge fault is a 502 naming it (never a score, on either NeMo-Gym release), and a
+worker that dies is a 502 naming it (an infrastructure error), not a 500."""
 
 import json
 import os
@@ -160,6 +161,19 @@ def _descends_from_us(pid: int) -> bool:
         except (OSError, ValueError, IndexError):
             return False
     return False
+
+
+def test_a_judge_fault_is_a_502_naming_it_never_a_score_and_the_retry_scores(server_url, judge, nl_oracle):
+    """NeMo-Gym 0.7.0 wraps /verify in ``judge_failsafe``, which answers a judge fault with reward 0 and
+    ``mask_sample``; ours stays an infrastructure error (502 naming the cause, no reward) on either release, and the
+    retry, with the judge back, gets the clean score."""
+    session, body = play(server_url, NL_TASK, nl_oracle)
+    judge.inject("http_500", count=JUDGE_ATTEMPTS)
+    faulted = post_verify(session, server_url, body)
+    assert faulted.status_code == 502 and "InternalServerError" in faulted.text, faulted.text
+    assert "reward" not in faulted.json() and "mask_sample" not in faulted.text
+    retried = post_verify(session, server_url, body)
+    assert retried.status_code == 200 and retried.json()["reward"] == 1.0, retried.text
 
 
 def test_a_worker_that_dies_is_a_502_naming_it_not_a_500(server_url, nl_oracle):

@@ -279,3 +279,24 @@ def test_nemo_gym_0_7_keys_it_always_implements_are_accepted(setting):
     if setting not in VLLMModelConfig.model_fields:
         pytest.skip(f"the installed NeMo-Gym's vllm_model has no {setting} (0.7.0 has; its CI environment runs this)")
     assert getattr(FastVLLMModelConfig(**_config_fields(True, {setting: True})), setting) is True
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_nemo_gyms_token_id_capture_is_refused_at_start_up(enabled):
+    """0.7.0's run-wide capture wraps vllm_model's own call path, which this server's routes bypass: on, its records
+    would miss every call, so the server refuses to start; off (or absent, as on 0.4.0), it starts."""
+    from nemo_gym.server_utils import BaseServerConfig, ServerClient
+    from omegaconf import OmegaConf
+
+    from nemo_tau2.gym.model_server.app import FastVLLMModel
+
+    client = ServerClient(
+        head_server_config=BaseServerConfig(host="127.0.0.1", port=0),
+        global_config_dict=OmegaConf.create({"token_id_capture": {"enabled": enabled}}),
+    )
+    config = FastVLLMModelConfig(**_config_fields(True, {}))
+    if enabled:
+        with pytest.raises(ValueError, match="does not take part in NeMo-Gym's token_id_capture .* use vllm_model"):
+            FastVLLMModel(config=config, server_client=client)
+    else:
+        assert FastVLLMModel(config=config, server_client=client).config.name == "policy_model"
