@@ -97,6 +97,14 @@ REQUIRED_EXTRAS = {"xllamacpp": "llamacpp", "megatron": "megatron", "transformer
 GYM_SIDE_ONLY = sys.version_info >= (3, 13)
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--all-base-tasks",
+        action="store_true",
+        help="tau2_release/test_parity_v1.py: compare every base task with tau2 v1.0.1 (834 episodes), not a third",
+    )
+
+
 def pytest_configure(config):
     env_python._pytest_config = config
     missing = sorted({extra for module, extra in REQUIRED_EXTRAS.items() if importlib.util.find_spec(module) is None})
