@@ -123,11 +123,12 @@ def pytest_collection_modifyitems(config, items):
     one worker; the vLLM modules share a group. Groups are handed out in collection order, so the slow modules are
     moved to the front: the longest ones start first and the two workers finish together rather than one waiting on
     a long module collected last."""
+    xdist = config.pluginmanager.hasplugin("xdist")  # absent in NeMo-Gym 0.7.0's environment (one process there)
     for item in items:
         module = _unit_module(item)
         if module in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
-        if not any(mark.name == "xdist_group" for mark in item.iter_markers()):
+        if xdist and not any(mark.name == "xdist_group" for mark in item.iter_markers()):
             item.add_marker(pytest.mark.xdist_group(_xdist_group(module, item)))
     items.sort(key=lambda item: 0 if _unit_module(item) in SLOW_MODULES else 1)  # stable: file order kept within
 
