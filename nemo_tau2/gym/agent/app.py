@@ -90,6 +90,9 @@ class Tau2AgentRunRequest(Tau2TaskFields, BaseRunRequest):
         return self
 
 
+_WHOLE_EPISODES_ONLY = "tau2_agent plays whole episodes with a simulated user: POST the dataset row to /run"
+
+
 class Tau2Agent(FastMiddlewareMixin, SimpleResponsesAPIAgent):
     config: Tau2AgentConfig
     _orchestrator: EpisodeOrchestrator = PrivateAttr()
@@ -137,10 +140,15 @@ class Tau2Agent(FastMiddlewareMixin, SimpleResponsesAPIAgent):
         return dataclasses.asdict(self._orchestrator.progress)
 
     async def responses(self, body: NeMoGymResponseCreateParamsNonStreaming = Body()) -> Any:
-        raise HTTPException(
-            status_code=400,
-            detail="tau2_agent plays whole episodes with a simulated user: POST the dataset row to /run",
-        )
+        raise HTTPException(status_code=400, detail=_WHOLE_EPISODES_ONLY)
+
+    async def seed_agent_session(self, request: Request) -> Any:
+        """NeMo-Gym 0.7.0's ``POST /v1/agent_sessions`` (an outside harness drives an episode turn by turn): a tau2
+        episode needs its simulated user between the policy's turns, which only this agent plays."""
+        raise HTTPException(status_code=400, detail=_WHOLE_EPISODES_ONLY)
+
+    async def close_agent_session(self, request: Request) -> Any:
+        raise HTTPException(status_code=400, detail=_WHOLE_EPISODES_ONLY)
 
     async def run(self, request: Request, body: Tau2AgentRunRequest) -> Response:
         if body.domain not in self.config.domains:

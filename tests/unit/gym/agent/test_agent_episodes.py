@@ -5,6 +5,7 @@ import asyncio
 import pytest
 import requests
 
+from nemo_tau2.gym.nemo_gym_compat import NEMO_GYM_VERSION
 from nemo_tau2.json_arguments import loads_standard
 from nemo_tau2.tau2_env import domains
 from nemo_tau2.testing import PolicyScriptConfig, UserScriptConfig
@@ -128,6 +129,12 @@ def test_agent_rejects_an_unserved_domain_and_single_responses_calls(fresh_stack
     assert status == 400 and "not served by this agent" in body["detail"]
     response = requests.post(f"{fresh_stack.agent_url}/v1/responses", json={"input": "hi"})
     assert response.status_code == 400 and "/run" in response.json()["detail"]
+    # NeMo-Gym 0.7.0's harness-driven agent sessions (the route exists only there): refused, naming /run
+    for route in ("/v1/agent_sessions", "/v1/agent_sessions/close"):
+        response = requests.post(f"{fresh_stack.agent_url}{route}", json={"agent_session_id": "s1"})
+        assert response.status_code in (400, 404), (route, response.status_code, response.text)
+        if NEMO_GYM_VERSION != "0.4.0":
+            assert response.status_code == 400 and "/run" in response.json()["detail"], response.text
 
 
 def test_a_rambling_user_model_is_cut_at_the_default_output_cap(fresh_stack):
