@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +73,48 @@ class ClusterConfig(BaseModel):
         "restarted on its bundle, same URL, latest weights; once used up (0: at once) a lost replica is dropped and "
         "the run goes on with the others.",
     )
+
+    gym_health_interval_s: float = Field(
+        default=2.0,
+        gt=0,
+        le=60,
+        allow_inf_nan=False,
+        description="gym_placement=ray: how often the head checks each Gym server (its node alive in Ray, its "
+        "launcher actor answering, GET / answering).",
+    )
+    gym_health_timeout_s: float = Field(
+        default=5.0, gt=0, le=60, allow_inf_nan=False, description="gym_placement=ray: the wait for one health probe."
+    )
+    gym_health_failures: int = Field(
+        default=3,
+        ge=1,
+        le=20,
+        description="gym_placement=ray: health probes failed in a row before a Gym server is declared lost (a dead "
+        "node or launcher is lost at once); its in-flight episodes then end as infrastructure errors with the cause.",
+    )
+    gym_server_restarts: int = Field(
+        default=0,
+        ge=0,
+        description="gym_placement=ray: how many times a lost Gym server (with the servers that depend on it: an "
+        "agent and its model servers, a resources replica and its failure domain's agents) is started again, on its "
+        "node if its launcher answers, else on a live Gym node; once used up (0: at once) it is dropped and new "
+        "episodes go to the live replicas.",
+    )
+    gym_failure_domain: str | None = Field(
+        default=None,
+        description="gym_placement=ray: the Ray node label whose value names a failure domain (ray start "
+        '--labels=\'{"rack": "r1"}\'); an agent uses the resources replicas of its own domain. null: its node.',
+    )
+
+    @model_validator(mode="after")
+    def _probes_fit_the_interval_bound(self) -> "ClusterConfig":
+        detection = self.gym_health_failures * (self.gym_health_interval_s + self.gym_health_timeout_s)
+        if detection > 300:
+            raise ValueError(
+                f"gym_health_failures x (gym_health_interval_s + gym_health_timeout_s) = {detection:g} s: a silent "
+                "Gym server would hold its episodes that long; keep it under 300 s"
+            )
+        return self
 
     @field_validator("ray_address")
     @classmethod

@@ -29,10 +29,13 @@ from typing import Any
 import aiohttp
 import orjson
 
+from nemo_tau2.experience.episode_post import post_episode
 from nemo_tau2.experience.progress import ProgressWatch, RolloutProgress
 from nemo_tau2.generation.config import GenerationConfig
 from nemo_tau2.gym.agent.episode_record import EpisodeData, EpisodeStatus
+from nemo_tau2.gym.episode_config import NemoGymEnvConfig
 from nemo_tau2.gym.model_server.routing import ReplicaRouter
+from nemo_tau2.gym.replica_health import AgentReplicas, ReplicaHealth
 
 logger = logging.getLogger(__name__)
 
@@ -228,35 +231,6 @@ def _check_batch(rows: Sequence[dict], num_generations: int) -> None:
             )
 
 
-async def _post_episode(http: aiohttp.ClientSession, router: ReplicaRouter, key: str, data: bytes) -> tuple[int, Any]:
-    """POST one episode's row to an agent replica: ``(status, body)``, status 0 when no answer came.
-
-    A replica that refuses the connection never got the request: it is set aside and the next one is tried. One
-    that drops the connection mid-episode (lost with its node) is set aside too, and the episode is an
-    infrastructure error: it cannot be resumed elsewhere."""
-    refused: dict[str, str] = {}
-    for _ in router.urls:  # each replica at most once
-        with router.call(key) as url:
-            try:
-                async with http.post(
-                    f"{url}/run", data=data, headers={"Content-Type": "application/json"}
-                ) as response:
-                    raw = await response.read()
-                    try:
-                        return response.status, orjson.loads(raw)
-                    except orjson.JSONDecodeError:  # a proxy's page, or an answer cut short
-                        shown = raw[:200].decode(errors="replace") or "an empty body"
-                        return response.status, {"error": f"an answer that is not JSON: {shown!r} ({url})"}
-            except aiohttp.ClientConnectorError as e:  # never reached the replica: safe to send elsewhere
-                router.unreachable(url)
-                refused = {"error": f"{type(e).__name__}: {e}"}
-            except (aiohttp.ClientError, TimeoutError) as e:
-                if isinstance(e, aiohttp.ClientConnectionError):
-                    router.unreachable(url)
-                return 0, {"error": f"{type(e).__name__}: {e} ({url})"}
-    return 0, refused
-
-
 async def run_async_nemo_gym_rollout(
     rows: Sequence[dict],
     agent_urls: dict[str, str | Sequence[str]],
@@ -264,7 +238,7 @@ async def run_async_nemo_gym_rollout(
     num_generations: int,
     max_concurrency: int = 256,
     keep_full_result: bool = False,
-    request_timeout_s: float = 7200.0,
+    episode_timeout_s: float | None = None,
     on_progress: Callable[[RolloutProgress], None] | None = None,
     progress_interval_s: float = 1.0,
 ) -> AsyncIterator[RolloutGroup]:
@@ -275,22 +249,26 @@ async def run_async_nemo_gym_rollout(
             (which sample of its task it is: the user simulator's seed and the fake's scripts use it); it defaults
             to its position in the group.
         agent_urls: agent server name (``agent_ref.name``) -> ``http://host:port`` of it, or of each of its
-            replicas (a list): each episode goes to the replica with the fewest running.
+            replicas (a list): each episode goes to the replica with the fewest running. The environment's
+            (:class:`AgentReplicas`) also carry the replicas' health, so that episodes go to live replicas only and
+            those on a replica declared lost end at once, and their episodes' wall-clock limit.
         sampling: the policy's sampling parameters.
         num_generations: episodes per prompt group.
         max_concurrency: episodes in flight at once.
         keep_full_result: keep the agent's whole answer (transcript, reward info) on each result.
-        request_timeout_s: bound on one whole episode (the agent has its own per-call limits).
+        episode_timeout_s: wall-clock limit of one episode (the agent has its own per-call limits); None: the
+            agent replicas' own (``env.nemo_gym.episode_timeout_s``), else that key's default.
         on_progress: called every ``progress_interval_s`` (from the event loop: keep it quick) and once at the end.
     """
     _check_batch(rows, num_generations)
     routers = {
-        name: ReplicaRouter([urls] if isinstance(urls, str) else list(urls)) for name, urls in agent_urls.items()
+        name: ReplicaRouter([urls] if isinstance(urls, str) else list(urls), health=_health(urls))
+        for name, urls in agent_urls.items()
     }
+    limits = {name: _episode_timeout_s(urls, episode_timeout_s) for name, urls in agent_urls.items()}
     gate = asyncio.Semaphore(max_concurrency)
     connector = aiohttp.TCPConnector(limit=max_concurrency + 8)
-    timeout = aiohttp.ClientTimeout(total=request_timeout_s)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as http:
 
         async def episode(row_index: int) -> RolloutResult:
             group_index, position = divmod(row_index, num_generations)
@@ -303,7 +281,9 @@ async def run_async_nemo_gym_rollout(
                 if watch:
                     watch.running += 1
                 try:
-                    status, body = await _post_episode(http, routers[name], str(row_index), orjson.dumps(row))
+                    status, body = await post_episode(
+                        http, routers[name], str(row_index), orjson.dumps(row), limits[name]
+                    )
                 finally:
                     if watch:
                         watch.running -= 1
@@ -335,6 +315,19 @@ async def run_async_nemo_gym_rollout(
                 task.cancel()
             if watching:
                 watching.cancel()
+
+
+def _health(urls: str | Sequence[str]) -> ReplicaHealth | None:
+    return urls.health if isinstance(urls, AgentReplicas) else None
+
+
+def _episode_timeout_s(urls: str | Sequence[str], given: float | None) -> float:
+    """An episode's wall-clock limit: the caller's, else its agent replicas', else ``env.nemo_gym``'s default."""
+    if given is not None:
+        return given
+    if isinstance(urls, AgentReplicas):
+        return urls.episode_timeout_s
+    return NemoGymEnvConfig().episode_limit_s()
 
 
 def run_nemo_gym_rollout_sync(

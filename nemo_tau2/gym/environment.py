@@ -30,6 +30,7 @@ from nemo_tau2.gym.episode_config import CLUSTER_FOR_REPLICAS, EpisodeSettings, 
 from nemo_tau2.gym.fork_server import ForkServer
 from nemo_tau2.gym.launch import FORK_SERVER_LOG, GymServers
 from nemo_tau2.gym.ray_servers import RayGymServers
+from nemo_tau2.gym.replica_health import AgentReplicas
 from nemo_tau2.gym.stack import AGENT, ModelEndpoint, tau2_replicas, tau2_stack, tau2_stack_classes
 from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
 
@@ -91,9 +92,11 @@ class Tau2Environment:
         self.servers: GymServers | None = None
 
     @property
-    def agent_urls(self) -> dict[str, list[str]]:
-        """agent name (rows' ``agent_ref.name``) -> the URLs of its replicas (their ``/run``)."""
-        return {AGENT: self.servers.replica_urls(AGENT)}
+    def agent_urls(self) -> dict[str, AgentReplicas]:
+        """agent name (rows' ``agent_ref.name``) -> the URLs of its replicas (their ``/run``), with their health and
+        their episodes' wall-clock limit (what the rollout bounds each episode by)."""
+        urls = self.servers.replica_urls(AGENT)
+        return {AGENT: AgentReplicas(urls, self.servers.health, self.spec.gym.episode_limit_s())}
 
     def start(self) -> "Tau2Environment":
         try:

@@ -136,6 +136,20 @@ class NemoGymEnvConfig(EpisodeLimits):
         "by one. fast_vllm_model only (NeMo-Gym's vllm_model keeps sessions on one replica by itself).",
     )
     session_idle_timeout_s: float = Field(default=1800.0, gt=0, description="The resources server ends idle sessions.")
+    turn_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Wall-clock budget of one policy turn and what follows it (user message, tool calls): an "
+        "episode's limit is its policy turns (max_turns, else max_steps) times this, unless episode_timeout_s is set.",
+    )
+    episode_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Wall-clock limit of one episode, seen from the head; past it the episode is an infrastructure "
+        "error that says so. null: (max_turns, else max_steps) x turn_timeout_s.",
+    )
     server_startup_timeout_s: float = Field(default=300.0, gt=0, description="Each Gym server must be up by then.")
     agent_replicas: int = Field(
         default=1,
@@ -149,6 +163,12 @@ class NemoGymEnvConfig(EpisodeLimits):
         description="tau2 resources servers; each episode's session lives on one. More than 1 needs "
         "cluster.gym_placement=ray.",
     )
+
+    def episode_limit_s(self) -> float:
+        """An episode's wall-clock limit (see ``episode_timeout_s``)."""
+        if self.episode_timeout_s is not None:
+            return self.episode_timeout_s
+        return (self.max_turns or self.max_steps) * self.turn_timeout_s
 
     @model_validator(mode="after")
     def _template_kwargs_need_a_vllm_server(self) -> "NemoGymEnvConfig":

@@ -34,10 +34,14 @@ class InfrastructureError(RuntimeError):
 class RetryConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    timeout_s: float = Field(default=600.0, gt=0, description="Per attempt, connect to last byte.")
+    timeout_s: float = Field(
+        default=600.0, gt=0, allow_inf_nan=False, description="Per attempt, connect to last byte."
+    )
     max_attempts: int = Field(default=4, ge=1, description="Attempts per call, the first one included.")
-    backoff_s: float = Field(default=1.0, ge=0, description="Sleep before the 2nd attempt; doubles each time.")
-    max_backoff_s: float = Field(default=30.0, ge=0)
+    backoff_s: float = Field(
+        default=1.0, ge=0, allow_inf_nan=False, description="Sleep before the 2nd attempt; doubles each time."
+    )
+    max_backoff_s: float = Field(default=30.0, ge=0, allow_inf_nan=False)
 
 
 @dataclass

@@ -30,6 +30,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from nemo_tau2.gym.fork_server import ForkServer, ForkServerError, ServerExit
+from nemo_tau2.gym.replica_health import ReplicaHealth
 from nemo_tau2.gym.serving import CONFIG_DICT_ENV
 from nemo_tau2.processes import is_secret_key, register_secret
 
@@ -130,6 +131,7 @@ class GymServers:
         self._fork_server = fork_server
         self._pids: dict[str, int] = {}
         self.startup_s: float | None = None
+        self.health = ReplicaHealth()  # servers declared lost (by the Ray-placed servers' watcher; none locally)
 
     def url(self, name: str) -> str:
         (block,) = self.global_config[name].values()

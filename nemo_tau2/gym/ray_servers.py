@@ -11,6 +11,16 @@ per node, one process per server) and starts that node's servers, each bound to 
 there. The launcher reports the address, ports and pids back: every URL in the NeMo-Gym global config the servers
 share comes from the node the server runs on.
 
+Locality: each agent uses the resources replicas of its own failure domain (its node, or the nodes sharing the value
+of the label ``cluster.gym_failure_domain``), so that a lost node fails the episodes it held and no others.
+
+Faults: a watcher (:mod:`nemo_tau2.gym.ray_watch`) declares a server lost when Ray marks its node dead, its launcher
+actor dies, its process exits, or it fails ``cluster.gym_health_failures`` health probes in a row (a server that
+keeps its port open but stops answering: a stopped or partitioned node). Its URL, and those of the servers that
+depend on it, go to :attr:`RayGymServers.health`, which the head's rollouts read (new episodes to live agents only,
+in-flight ones on a lost agent ended as infrastructure errors naming the cause); the servers are then started again
+while ``cluster.gym_server_restarts`` allows, else dropped.
+
 Lifetimes: the fork server stops its servers and exits when its launcher dies (its control socket closes; and
 ``PR_SET_PDEATHSIG``), so killing a launcher, losing its node or the head process ending (Ray ends the actors a
 driver owned) leaves no server holding a port. :meth:`RayGymServers.stop` (also on exit, Ctrl-C or error) stops
@@ -19,6 +29,8 @@ them, kills the launchers and removes the placement groups.
 
 import contextlib
 import logging
+import os
+import signal
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -29,8 +41,9 @@ from omegaconf import OmegaConf
 from nemo_tau2.cluster import ClusterConfig, import_ray, ray_connection
 from nemo_tau2.gym.fork_server import ForkServer, ForkServerError, ServerExit
 from nemo_tau2.gym.launch import GymServers, ServerStartError, free_port, gym_global_config
+from nemo_tau2.gym.ray_watch import GymServerWatch
 from nemo_tau2.gym.serving import CONFIG_DICT_ENV
-from nemo_tau2.gym.stack import ServerGroup
+from nemo_tau2.gym.stack import ServerGroup, tau2_local_resources
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +75,12 @@ class GymNodeLauncher:
     def exits(self) -> list[ServerExit]:
         return self.fork_server.exits()
 
+    def kill(self, pids: list[int]) -> None:
+        """SIGKILL servers declared lost (a stopped process ends too); the fork server reaps them."""
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
     def stop(self) -> None:
         self.fork_server.stop()
 
@@ -90,22 +109,19 @@ class RayGymServers(GymServers):
         self._ray_stack = ExitStack()
         self._placement_groups: list[Any] = []
         self.launchers: dict[str, Any] = {}  # node id -> its GymNodeLauncher
+        self.resources_of: dict[str, list[str]] = {}  # agent name -> the resources replicas it uses (locality)
+        self._secrets: dict[str, dict] = {}
+        self.watch: GymServerWatch | None = None  # from start on: what was lost, what was started again
 
     def start(self) -> "RayGymServers":
         began = time.perf_counter()
-        secrets = self._prepare()
+        secrets = self._secrets = self._prepare()
         ray = import_ray()
         try:
             self._ray = self._ray_stack.enter_context(ray_connection(self.cluster))
             nodes = self._place()
-            classes = sorted({spec.server_class for spec in self.specs})
-            launcher_class = ray.remote(num_cpus=0, max_restarts=0)(GymNodeLauncher)
             for node_id in sorted(set(nodes.values())):
-                self.launchers[node_id] = launcher_class.options(
-                    scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
-                        node_id, soft=False
-                    )
-                ).remote(classes, str(self.log_dir), self.extra_env)
+                self.launchers[node_id] = self._launcher(node_id)
             reports = ray.get([launcher.where.remote() for launcher in self.launchers.values()])
             where = {report["node_id"]: report for report in reports}
             for group_index, group in enumerate(self.groups):
@@ -114,6 +130,7 @@ class RayGymServers(GymServers):
                 for spec, port in zip(group.specs, ports, strict=True):
                     spec.host, spec.port = node["ip"], port
                     self.placement[spec.name] = node
+            self.resources_of = tau2_local_resources(self.groups, self._failure_domains())
             self.global_config = gym_global_config(self.specs, "127.0.0.1")
             config_yaml = OmegaConf.to_yaml(self.global_config)
             spawned = [
@@ -142,7 +159,81 @@ class RayGymServers(GymServers):
         logger.info(
             "%d Gym servers up on %d Ray nodes in %.1f s", len(self.specs), len(self.launchers), self.startup_s
         )
+        self.watch = GymServerWatch(self).start()
         return self
+
+    def _launcher(self, node_id: str) -> Any:
+        ray = self._ray
+        launcher_class = ray.remote(num_cpus=0, max_restarts=0)(GymNodeLauncher)
+        classes = sorted({spec.server_class for spec in self.specs})
+        affinity = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(node_id, soft=False)
+        return launcher_class.options(scheduling_strategy=affinity).remote(classes, str(self.log_dir), self.extra_env)
+
+    def _failure_domains(self) -> dict[str, str]:
+        """Server name -> its failure domain: its node, or its node's value of the ``cluster.gym_failure_domain``
+        label (a node without the label is a domain of its own)."""
+        label = self.cluster.gym_failure_domain
+        labels = {node["NodeID"]: node.get("Labels") or {} for node in self._ray.nodes()} if label else {}
+        domains = {}
+        for name, node in self.placement.items():
+            value = labels.get(node["node_id"], {}).get(label) if label else None
+            domains[name] = f"{label}={value}" if value is not None else node["node_id"]
+        return domains
+
+    def restart(self, group_indices: list[int], avoid: set[str]) -> None:
+        """Start these server groups again, together (an agent next to the resources replica it uses), on new ports
+        (the URLs in :attr:`global_config` follow): on their node when its launcher answers, else on the live Gym
+        node with the fewest servers (a launcher is started there if it has none); resources groups first, since
+        the agents read their URLs at start. Raises (Ray's or :class:`ServerStartError`) when none can."""
+        ray = self._ray
+        home = self.placement[self.groups[group_indices[0]].specs[0].name]["node_id"]
+        resource = self.cluster.gym_node_resource
+        alive = [n["NodeID"] for n in ray.nodes() if n.get("Alive") and (not resource or n["Resources"].get(resource))]
+        load = {n: sum(p["node_id"] == n for p in self.placement.values()) for n in alive if n not in avoid}
+        node = None
+        for node_id in sorted(load, key=lambda n: (n != home, load[n])):
+            new = node_id not in self.launchers
+            launcher = self._launcher(node_id) if new else self.launchers[node_id]
+            timeout = self.startup_timeout_s if new else self.cluster.gym_health_timeout_s
+            try:
+                node = ray.get(launcher.where.remote(), timeout=timeout) | {"node_id": node_id}
+            except ray.exceptions.RayError:
+                continue
+            self.launchers[node_id] = launcher
+            break
+        if node is None:
+            raise ServerStartError("no live Gym node's launcher answers")
+        order = sorted(group_indices, key=lambda i: self.groups[i].role != "resources")
+        started = [spec for index in order for spec in self.groups[index].specs]
+        ports = ray.get(
+            self.launchers[node["node_id"]].free_ports.remote(len(started)), timeout=self.startup_timeout_s
+        )
+        for spec, port in zip(started, ports, strict=True):
+            spec.host, spec.port = node["ip"], port
+            self.placement[spec.name] = node
+        self.global_config = gym_global_config(self.specs, "127.0.0.1")
+        config_yaml = OmegaConf.to_yaml(self.global_config)
+        launcher = self.launchers[node["node_id"]]
+        for spec in started:
+            log = str(self.log_path(spec.name))
+            call = launcher.spawn.remote(
+                spec.name, spec.server_class, config_yaml, self._secrets[spec.name], log, self.startup_timeout_s
+            )
+            self._pids[spec.name] = ray.get(call, timeout=self.startup_timeout_s)
+        self._wait_answering([spec.name for spec in started])
+        for node_id in set(self.launchers) - {p["node_id"] for p in self.placement.values()}:  # nothing left there
+            with contextlib.suppress(ray.exceptions.RayError, ValueError):
+                ray.kill(self.launchers.pop(node_id))
+        logger.warning("Gym servers %s started again on %s", [spec.name for spec in started], node["ip"])
+
+    def _wait_answering(self, names: list[str]) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        pending = set(names)
+        while pending:
+            pending = {name for name in pending if not self.watch.answers(self.url(name))}
+            if pending and time.monotonic() > deadline:
+                raise ServerStartError(f"{sorted(pending)} did not answer within {self.startup_timeout_s:g} s")
+            time.sleep(0.2)
 
     def _place(self) -> dict[int, str]:
         """Reserve a bundle per server group (a placement group per role); group index -> the node holding it."""
@@ -177,7 +268,7 @@ class RayGymServers(GymServers):
         exits = []
         for node_id, launcher in self.launchers.items():
             try:
-                exits.extend(self._ray.get(launcher.exits.remote(), timeout=30))
+                exits.extend(self._ray.get(launcher.exits.remote(), timeout=self.cluster.gym_health_timeout_s))
             except self._ray.exceptions.RayError:
                 gone = [name for name, node in self.placement.items() if node["node_id"] == node_id]
                 exits.extend(ServerExit(name, self._pids.get(name, -1), -9) for name in gone)
@@ -190,6 +281,8 @@ class RayGymServers(GymServers):
 
     def stop(self) -> None:
         """Stop every server, kill the launchers, remove the placement groups (idempotent; a lost node is skipped)."""
+        if self.watch is not None:
+            self.watch.stop()
         ray = self._ray
         if ray is not None and ray.is_initialized():
             stopping = [launcher.stop.remote() for launcher in self.launchers.values()]

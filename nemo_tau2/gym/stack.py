@@ -113,8 +113,9 @@ def tau2_replicas(specs: list[ServerSpec], agent_replicas: int, resources_replic
     """:func:`tau2_stack`'s servers as ``resources_replicas`` resources servers and ``agent_replicas`` agents.
 
     Each agent replica comes with its own policy and user model servers on its node (they cost about as much CPU
-    per turn as the agent) and knows every resources replica; it keeps each episode on one of them (the session's
-    database lives there). Replica 0 of each keeps the instance's own name."""
+    per turn as the agent) and knows every resources replica, until placement narrows that to its own failure domain's
+    (:func:`tau2_local_resources`); it keeps each episode on one of them (the session's database lives there).
+    Replica 0 of each keeps the instance's own name."""
     by_name = {spec.name: spec for spec in specs}
     resources = [replica_name(RESOURCES_SERVER, i) for i in range(resources_replicas)]
     groups = [
@@ -132,3 +133,22 @@ def tau2_replicas(specs: list[ServerSpec], agent_replicas: int, resources_replic
         groups.append(ServerGroup("agent", [dataclasses.replace(agent, name=replica_name(AGENT, i), config=config)]))
         groups[-1].specs.extend(models)
     return groups
+
+
+def tau2_local_resources(groups: list[ServerGroup], domain_of: dict[str, str]) -> dict[str, list[str]]:
+    """Point each agent at the resources replicas of its own failure domain (``domain_of``: server name -> domain,
+    its node unless configured), so that losing a domain fails only the episodes it held; an agent whose domain has
+    no resources replica keeps them all. Returns agent name -> the resources replicas it uses."""
+    resources = [spec.name for group in groups if group.role == "resources" for spec in group.specs]
+    uses = {}
+    for group in groups:
+        for spec in group.specs:
+            if spec.server_type != "responses_api_agents":
+                continue
+            local = [name for name in resources if domain_of[name] == domain_of[spec.name]] or resources
+            spec.config["resources_server"] = {"type": "resources_servers", "name": local[0]}
+            spec.config["resources_server_replicas"] = [
+                {"type": "resources_servers", "name": name} for name in local[1:]
+            ]
+            uses[spec.name] = local
+    return uses

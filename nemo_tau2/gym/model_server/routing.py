@@ -6,7 +6,8 @@ keeps each session (one episode on one server) on one replica, chosen when the s
 replica with the fewest calls in flight, then the fewest sessions (NeMo-RL's native path round-robins per request,
 which ``round_robin`` reproduces for comparison). A replica that cannot be reached (connection refused or dropped)
 is set aside for ``retry_after_s``; the session's next call (the agent retries a failed turn) goes to a live one,
-where it only misses the cache.
+where it only misses the cache. Given a :class:`ReplicaHealth`, a replica the watcher declared lost gets nothing
+more; with every replica lost, :meth:`ReplicaRouter.route` raises :class:`NoLiveReplica`.
 """
 
 import itertools
@@ -16,7 +17,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Literal
 
+from nemo_tau2.gym.replica_health import ReplicaHealth
+
 ReplicaRouting = Literal["sticky", "round_robin"]
+
+
+class NoLiveReplica(LookupError):
+    """Every replica was declared lost; the message names the causes."""
 
 
 class ReplicaRouter:
@@ -29,6 +36,7 @@ class ReplicaRouter:
         retry_after_s: float = 30.0,
         max_sessions: int = 100_000,
         clock: Callable[[], float] = time.monotonic,
+        health: ReplicaHealth | None = None,
     ) -> None:
         if not urls:
             raise ValueError("a model server needs at least one endpoint URL")
@@ -37,6 +45,7 @@ class ReplicaRouter:
         self.retry_after_s = retry_after_s
         self.max_sessions = max_sessions
         self._clock = clock
+        self.health = health
         self._sessions: OrderedDict[str, str] = OrderedDict()  # least recently used first, bounded
         self._session_count = dict.fromkeys(self.urls, 0)
         self._in_flight = dict.fromkeys(self.urls, 0)
@@ -47,12 +56,18 @@ class ReplicaRouter:
 
     def _live(self) -> list[str]:
         now = self._clock()
-        live = [url for url in self.urls if self._down_until[url] <= now]
-        return live or list(self.urls)  # all down: try them all again rather than refuse
+        lost = self.health.lost() if self.health is not None else {}
+        kept = [url for url in self.urls if url not in lost]
+        if not kept:
+            causes = "; ".join(f"{url}: {lost[url]}" for url in self.urls)
+            raise NoLiveReplica(f"every replica was declared lost ({causes})")
+        live = [url for url in kept if self._down_until[url] <= now]
+        return live or kept  # all set aside: try them all again rather than refuse
 
     def route(self, session_id: str) -> str:
         """The replica for this session's next call."""
         if len(self.urls) == 1:
+            self._live()  # raises once the only replica was declared lost
             return self.urls[0]
         if self.routing == "round_robin":
             live = set(self._live())
