@@ -237,6 +237,20 @@ def test_episodes_balance_over_the_replicas_and_each_stays_on_one_resources_repl
         assert posts.count("/verify") == posts.count("/seed_session") == Counter(replica_of.values())[name]
 
 
+def test_a_server_log_is_read_on_its_node_and_only_a_log_the_head_cannot_see_is_copied(environment):
+    """``GymNodeLauncher.log_tail`` reads the last bytes of a server's log on the server's node, with the file's
+    identity; on one box every node writes where the head reads, so nothing is copied."""
+    servers = environment.servers
+    path = Path(servers.log_path(RESOURCES[1]))
+    launcher = servers.launchers[servers.placement[RESOURCES[1]]["node_id"]]
+    tail = import_ray().get(launcher.log_tail.remote(str(path), 200), timeout=30)
+    data, stat = path.read_bytes(), path.stat()
+    assert tail["data"] == data[-200:] and tail["size"] == len(data) > 200
+    assert tail["file"] == [stat.st_dev, stat.st_ino] and tail["ip"] == servers.placement[RESOURCES[1]]["ip"]
+    assert import_ray().get(launcher.log_tail.remote(str(path) + ".absent", 200), timeout=30) is None
+    assert servers.copy_remote_log_tails() == []
+
+
 def test_a_lost_node_fails_only_the_episodes_it_held_and_leaves_no_process(cluster, environment):
     servers = environment.servers
     lost = servers.placement[AGENTS[1]]["node_id"]
