@@ -46,6 +46,7 @@ from nemo_tau2.algorithms.sampling import (
     filter_generation_batch,
     score_rollouts,
 )
+from nemo_tau2.algorithms.train_rollouts import TrainRolloutLog
 from nemo_tau2.experience.rollouts import (
     RolloutResult,
     SamplingParams,
@@ -63,6 +64,8 @@ class AsyncCollector:
         settings: the ``grpo`` block: group sizes, the age bound, sampling and shaping.
         weight_version: the step whose weights the generation backend serves now (the first step to train).
         state: a checkpoint's :meth:`state_dict`, whose curriculum the caller has restored into ``curriculum``.
+        rollout_log: where each finished group's episodes are written, under the step the trainer works towards
+            (the step whose :meth:`take` reports them).
     """
 
     def __init__(
@@ -74,11 +77,13 @@ class AsyncCollector:
         sampling: SamplingParams,
         weight_version: int,
         state: dict[str, Any] | None = None,
+        rollout_log: TrainRolloutLog | None = None,
     ) -> None:
         self.settings = settings
         self._rows, self._curriculum, self._agent_urls, self._sampling = train_rows, curriculum, agent_urls, sampling
         self._per_step, self._n = settings.num_prompts_per_step, settings.num_generations_per_prompt
         self._max_age = settings.async_grpo.max_trajectory_age_steps
+        self._rollout_log = rollout_log
         self._max_groups_in_flight = max(1, settings.max_rollout_concurrency // self._n)
         self._cond = threading.Condition()
         self._buffer = ReplayBuffer()
@@ -301,8 +306,9 @@ class AsyncCollector:
         try:
             rows = [self._rows[draw.row_index]] * self._n
             results: list[RolloutResult] = []
+            keep = self._rollout_log is not None and self._rollout_log.keeps_transcripts
             async for group in run_async_nemo_gym_rollout(
-                rows, self._agent_urls, self._sampling, self._n, max_concurrency=self._n
+                rows, self._agent_urls, self._sampling, self._n, max_concurrency=self._n, keep_full_result=keep
             ):
                 results = group.results
             scored = score_rollouts(results, [draw.draw_id] * self._n, self.settings.reward_shaping)
@@ -322,6 +328,8 @@ class AsyncCollector:
                 self._idle_since = time.monotonic()
             self._completed += 1
             self._results += results
+            if self._rollout_log is not None:  # as metrics.jsonl numbers the step whose take() reports them
+                self._rollout_log.write(self._next_step + 1, results)
             for name in ("infra_errors", "truncated", "zero_variance_groups"):
                 setattr(self._counts, name, getattr(self._counts, name) + getattr(counts, name))
             if groups:

@@ -20,6 +20,7 @@ https://arxiv.org/abs/2402.14740); dynamic sampling (DAPO, https://arxiv.org/abs
 ``grpo_train`` for names and semantics.
 """
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -38,6 +39,7 @@ from nemo_tau2.algorithms.curriculum import TaskCurriculum, record_successes
 from nemo_tau2.algorithms.grpo_config import GRPOMasterConfig
 from nemo_tau2.algorithms.loss import ClippedPGLossFn
 from nemo_tau2.algorithms.sampling import DynamicSampler, EpisodeGroup, flatten_groups, score_rollouts
+from nemo_tau2.algorithms.train_rollouts import TrainRolloutLog, describe_causes, failure_causes
 from nemo_tau2.algorithms.training_setup import (  # noqa: F401  (resumable_checkpoint, checkpoint_step: this module's API)
     checkpoint_step,
     resumable_checkpoint,
@@ -48,7 +50,7 @@ from nemo_tau2.algorithms.training_setup import (  # noqa: F401  (resumable_chec
     validation_metrics,
 )
 from nemo_tau2.experience.progress import RolloutProgress
-from nemo_tau2.experience.rollouts import RolloutResult, SamplingParams, rollout_metrics, run_nemo_gym_rollout_sync
+from nemo_tau2.experience.rollouts import RolloutResult, SamplingParams, rollout_metrics, run_async_nemo_gym_rollout
 from nemo_tau2.generation.launch import GenerationHandle
 from nemo_tau2.gym.environment import Tau2Environment
 from nemo_tau2.models.memory_plan import MemoryPlan
@@ -76,6 +78,7 @@ class GRPOSetup:
     resources: ExitStack = field(default_factory=ExitStack)
     on_rollout_progress: Callable[[RolloutProgress], None] | None = None  # e.g. a progress bar's postfix
     collector: AsyncCollector | None = None  # async GRPO (grpo.async_grpo.enabled): generates beside the trainer
+    rollout_log: TrainRolloutLog | None = None  # each step's episodes on disk (logger.save_rollouts)
 
     def close(self) -> None:
         self.resources.close()
@@ -126,11 +129,13 @@ def setup(cfg: GRPOMasterConfig, train_rows: list[dict], val_rows: list[dict]) -
             start_step = int(state["step"])
             curriculum.load_state_dict(state["curriculum"])
             logger.info("resumed from %s at step %d", latest, start_step)
+        rollout_log = TrainRolloutLog(cfg.logger.log_dir, cfg.logger.save_rollouts, start_step)
+        resources.callback(rollout_log.close)
         collector = None
         if cfg.grpo.async_grpo.enabled:  # started by grpo_train; restores the prompts not yet trained (its docs)
             sampling = SamplingParams.from_generation(cfg.policy.generation)
             collector = AsyncCollector(
-                cfg.grpo, train_rows, curriculum, environment.agent_urls, sampling, start_step, state
+                cfg.grpo, train_rows, curriculum, environment.agent_urls, sampling, start_step, state, rollout_log
             )
             resources.callback(collector.stop)  # before the servers it talks to stop
         s = GRPOSetup(
@@ -145,6 +150,7 @@ def setup(cfg: GRPOMasterConfig, train_rows: list[dict], val_rows: list[dict]) -
             start_step,
             resources,
             collector=collector,
+            rollout_log=rollout_log,
         )
         if latest is not None:  # the generation backend must serve the resumed weights, labelled with their step
             sync_policy_weights(policy, generation, cfg.checkpointing.checkpoint_dir, weight_version=start_step)
@@ -169,14 +175,7 @@ def generate(s: GRPOSetup, step: int) -> tuple[list[EpisodeGroup], list[RolloutR
         too_few_rows = len(s.train_rows) < grpo.num_prompts_per_step
         indices = s.curriculum.sample(grpo.num_prompts_per_step, replace=too_few_rows)
         rows = [s.train_rows[i] for i in indices for _ in range(n)]
-        results = run_nemo_gym_rollout_sync(
-            rows,
-            s.environment.agent_urls,
-            sampling,
-            n,
-            max_concurrency=grpo.max_rollout_concurrency,
-            on_progress=s.on_rollout_progress,
-        )
+        results = _roll_out(s, rows, sampling, step)
         group_ids = [f"{step}.{batch}.{result.group_index}" for result in results]
         record_successes(s.curriculum, results)
         sampler.add_generation_batch(score_rollouts(results, group_ids, grpo.reward_shaping))
@@ -184,6 +183,29 @@ def generate(s: GRPOSetup, step: int) -> tuple[list[EpisodeGroup], list[RolloutR
         batch += 1
     groups, sampling_metrics = sampler.take()
     return groups, all_results, sampling_metrics
+
+
+def _roll_out(s: GRPOSetup, rows: list[dict], sampling: SamplingParams, step: int) -> list[RolloutResult]:
+    """One generation batch's episodes in input order; each group's go to the step's episode file as it ends."""
+    log = s.rollout_log
+
+    async def collect() -> list[RolloutResult]:
+        results: list[RolloutResult] = []
+        async for group in run_async_nemo_gym_rollout(
+            rows,
+            s.environment.agent_urls,
+            sampling,
+            s.cfg.grpo.num_generations_per_prompt,
+            max_concurrency=s.cfg.grpo.max_rollout_concurrency,
+            keep_full_result=log is not None and log.keeps_transcripts,
+            on_progress=s.on_rollout_progress,
+        ):
+            if log is not None:
+                log.write(step + 1, group.results)  # numbered as metrics.jsonl numbers the step
+            results.extend(group.results)
+        return sorted(results, key=lambda r: r.row_index)
+
+    return asyncio.run(collect())
 
 
 def training_sequences(s: GRPOSetup, groups: list[EpisodeGroup]) -> tuple[list[TrainingSequence], dict]:
@@ -296,6 +318,7 @@ def grpo_train(s: GRPOSetup, on_step: Callable[[int, dict[str, float]], None] | 
         metrics |= _per_domain_success(results)
         metrics["train/tokens_per_s"] = sum(len(q) for q in sequences) / max(timings["timing/train_s"], 1e-9)
         done = step + 1
+        _log_failures(s, done, results)
         last = done == cfg.grpo.max_num_steps
         if s.val_rows and (
             (cfg.grpo.val_period and done % cfg.grpo.val_period == 0) or (last and cfg.grpo.val_at_end)
@@ -309,6 +332,22 @@ def grpo_train(s: GRPOSetup, on_step: Callable[[int, dict[str, float]], None] | 
         if on_step is not None:
             on_step(done, metrics)
     return history
+
+
+def _log_failures(s: GRPOSetup, step: int, results: list[RolloutResult]) -> None:
+    """One line per step with failed episodes: how many, their most frequent causes, and where each is recorded."""
+    causes = failure_causes(results)
+    if not causes:
+        return
+    where = (
+        f"; each with its cause in {s.rollout_log.path(step)}"
+        if s.rollout_log and s.rollout_log.save != "none"
+        else ""
+    )
+    logger.warning(
+        "step %d: %d of %d episode(s) dropped with infrastructure errors: %s%s",
+        step, causes.total(), len(results), describe_causes(causes), where,
+    )  # fmt: skip
 
 
 def _per_domain_success(results: list[RolloutResult]) -> dict[str, Any]:

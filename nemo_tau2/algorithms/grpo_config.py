@@ -14,6 +14,7 @@ from nemo_tau2.algorithms.loss import ClippedPGLossConfig
 from nemo_tau2.algorithms.reward_shaping import RewardShapingConfig
 from nemo_tau2.algorithms.sampling import SamplingConfig
 from nemo_tau2.algorithms.tiny_policy import TinyPolicyConfig
+from nemo_tau2.algorithms.train_rollouts import SaveRollouts
 from nemo_tau2.cluster import ClusterConfig
 from nemo_tau2.generation.validation import GymGenerationConfig
 from nemo_tau2.gym.episode_config import CLUSTER_FOR_REPLICAS, NemoGymEnvConfig, UserSimulatorConfig
@@ -121,6 +122,16 @@ class GRPOEnvConfig(_Strict):
     nemo_gym: NemoGymEnvConfig = NemoGymEnvConfig(return_token_ids=True)
 
 
+class GRPOLoggerConfig(LoggerConfig):
+    """``logger``: GRPO's sinks, and which training episodes go to disk."""
+
+    save_rollouts: SaveRollouts = Field(
+        default="failed",
+        description="Each step's episodes in <log_dir>/train/step_<N>/rollouts.jsonl (eval's record shape): failed: "
+        "the infrastructure errors with their cause; all: every episode with its transcript and token ids; none.",
+    )
+
+
 class GRPOMasterConfig(_Strict):
     grpo: GRPOSettings = GRPOSettings()
     loss_fn: ClippedPGLossConfig = ClippedPGLossConfig()
@@ -129,7 +140,7 @@ class GRPOMasterConfig(_Strict):
     env: GRPOEnvConfig = GRPOEnvConfig()
     data: GRPODataConfig
     checkpointing: CheckpointingConfig = CheckpointingConfig()
-    logger: LoggerConfig = LoggerConfig()
+    logger: GRPOLoggerConfig = GRPOLoggerConfig()
     cluster: ClusterConfig = ClusterConfig()
     tiny_policy: TinyPolicyConfig | None = Field(
         default=None, description="Build a warm-started tiny model into policy.model_name if it does not exist (CPU)."

@@ -131,9 +131,7 @@ def filter_generation_batch(
     episodes: Iterable[ScoredEpisode], cfg: SamplingConfig
 ) -> tuple[list[EpisodeGroup], FilterCounts]:
     """Steps 1-3 of the module docstring on one generation batch (the sync loop's, or one async group)."""
-    kept, num_infra_errors = drop_infrastructure_errors(episodes)
-    if num_infra_errors:
-        logger.warning("dropped %d episode(s) with infrastructure errors", num_infra_errors)
+    kept, num_infra_errors = drop_infrastructure_errors(episodes)  # the step's log line names their causes
     counts = FilterCounts(num_infra_errors, sum(episode.truncated for episode in kept))
     groups = group_episodes(apply_overlong_policy(kept, cfg))
     if cfg.use_dynamic_sampling:

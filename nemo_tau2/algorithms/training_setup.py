@@ -25,6 +25,7 @@ from nemo_tau2.models.policy import checkpoint as ckpt
 from nemo_tau2.models.policy.config import PolicyConfig
 from nemo_tau2.models.policy.lm_policy import Policy
 from nemo_tau2.models.policy.megatron_config import megatron_layout
+from nemo_tau2.ray_output import RAY_LOG_FILE
 from nemo_tau2.tau2_env import gym_rows
 from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
 from nemo_tau2.tau2_release.rows import check_release, release_rows
@@ -128,7 +129,10 @@ def open_cluster(cfg: Any, resources: ExitStack) -> None:
     if cluster.ray_address is None and not on_ray and cfg.policy.num_workers == 1:
         return
     trainer_cpus = cfg.policy.num_workers if cfg.policy.num_workers > 1 else 0
-    resources.enter_context(run_ray(cluster, gym, cfg.policy.generation, trainer_cpus=trainer_cpus))
+    output_log = Path(cfg.logger.log_dir) / RAY_LOG_FILE  # Ray's node-death dumps: not between the step rows
+    resources.enter_context(
+        run_ray(cluster, gym, cfg.policy.generation, trainer_cpus=trainer_cpus, output_log=output_log)
+    )
 
 
 def start_rollout_stack(

@@ -18,9 +18,11 @@ replica, and the rollout spreads episodes over them.
 import logging
 import os
 import tempfile
-from contextlib import AbstractContextManager, ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from nemo_tau2.cluster import ClusterConfig, ray_connection
 from nemo_tau2.generation.config import GenerationConfig
@@ -32,21 +34,35 @@ from nemo_tau2.gym.launch import FORK_SERVER_LOG, GymServers
 from nemo_tau2.gym.ray_servers import RayGymServers
 from nemo_tau2.gym.replica_health import AgentReplicas
 from nemo_tau2.gym.stack import AGENT, ModelEndpoint, tau2_replicas, tau2_stack, tau2_stack_classes
+from nemo_tau2.ray_output import RAY_LOG_FILE, ray_output_to
 from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
 
 logger = logging.getLogger(__name__)
 
 
+@contextmanager
 def run_ray(
-    cluster: ClusterConfig, gym: NemoGymEnvConfig, policy: GenerationConfig | None, *, trainer_cpus: int = 0
-) -> AbstractContextManager:
+    cluster: ClusterConfig,
+    gym: NemoGymEnvConfig,
+    policy: GenerationConfig | None,
+    *,
+    trainer_cpus: int = 0,
+    output_log: Path | None = None,
+) -> Iterator[Any]:
     """The run's Ray (:func:`~nemo_tau2.cluster.ray_connection`); a local one gets at least a CPU for each trainer
     rank and each one-CPU bundle the run places (its Gym replicas, its policy's generation replicas), so that
-    everything placed finds room. Opened once, first, by an eval (here) or a training run (``open_cluster``)."""
+    everything placed finds room. Opened once, first, by an eval (here) or a training run (``open_cluster``).
+    With ``output_log``, Ray's own output (its workers', the cluster's error messages) goes there instead of the
+    console (:func:`~nemo_tau2.ray_output.ray_output_to`)."""
     bundles = gym.agent_replicas + gym.resources_replicas if cluster.gym_placement == "ray" else 0
     if cluster.generation_placement == "ray" and policy is not None:
         bundles += policy.ray_replica_count(cluster)
-    return ray_connection(cluster, num_cpus=max(os.cpu_count() or 1, trainer_cpus + bundles))
+    num_cpus = max(os.cpu_count() or 1, trainer_cpus + bundles)
+    with (
+        ray_connection(cluster, num_cpus=num_cpus) as ray,
+        ray_output_to(output_log) if output_log is not None else nullcontext(),
+    ):
+        yield ray
 
 
 @dataclass
@@ -108,7 +124,7 @@ class Tau2Environment:
             cluster = self.spec.cluster
             if "ray" in (cluster.gym_placement, cluster.generation_placement):  # one Ray, sized for all it holds
                 policy = self.spec.policy if isinstance(self.spec.policy, GenerationConfig) else None
-                self._stack.enter_context(run_ray(cluster, gym, policy))
+                self._stack.enter_context(run_ray(cluster, gym, policy, output_log=log_dir / RAY_LOG_FILE))
             on_ray = cluster.gym_placement == "ray"
             fork_server = None  # local servers: started first, so that its imports overlap the endpoints' start
             if not on_ray:

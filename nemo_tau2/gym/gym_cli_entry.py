@@ -13,6 +13,13 @@ and Ray connections with nobody to stop them. So each of our servers watches the
 - otherwise (the group is alive, as under NeMo-RL's Ray actor) only this server exits.
 
 A head server that is merely slow or busy still accepts connections, so nothing here fires while the run lives.
+
+A SIGTERM to ``ng_run`` ends it at once, without its Ray's shutdown: our servers are gone about 3 s later (the
+above), but the raylet's ``RuntimeEnvAgent`` and ``DashboardAgent`` (not in ``ng_run``'s process group) linger for
+about 65 s until they notice their raylet is gone. So each server, as it starts, notes the processes below
+``ng_run`` that run Ray's code (``.../ray/...`` in their command line, or Ray's ``ray::`` titles), and as it stops
+leaves a small reaper (its own session) that waits for ``ng_run`` to end, then sends those same processes (same pid
+and start time) SIGTERM, and SIGKILL 5 s later. Nothing else is touched.
 """
 
 import logging
@@ -43,6 +50,44 @@ try:
 except ProcessLookupError:
     pass
 """
+
+
+RAY_REAPER_WAIT_S = 600.0
+"""How long the reaper waits for ``ng_run`` to end after our server stopped (it gives up then: the run lives on)."""
+# argv: ng_run's pid, then "pid:start_time" of each Ray process it started
+_RAY_REAPER = """
+import os, signal, sys, time
+leader, deadline = int(sys.argv[1]), time.monotonic() + WAIT_S
+started = dict(item.split(":") for item in sys.argv[2:])
+while time.monotonic() < deadline:  # ng_run ends first
+    try:
+        os.kill(leader, 0)
+    except ProcessLookupError:
+        break
+    time.sleep(0.5)
+else:
+    sys.exit(0)
+
+def alive():
+    found = []
+    for pid, start in started.items():
+        try:
+            stat = open("/proc/%s/stat" % pid).read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if stat[19] == start and stat[0] != "Z":  # the same process, not a new one under a reused pid
+            found.append(int(pid))
+    return found
+
+for sig in (signal.SIGTERM, signal.SIGKILL):
+    for pid in alive():
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+    if sig == signal.SIGTERM and alive():
+        time.sleep(KILL_AFTER_S)
+""".replace("WAIT_S", repr(RAY_REAPER_WAIT_S)).replace("KILL_AFTER_S", repr(KILL_AFTER_S))
 
 
 def ancestors(pid: int, depth: int = 8) -> list[int]:
@@ -110,6 +155,45 @@ def watch_run(host: str, port: int) -> threading.Thread:
     return thread
 
 
+def _process_table() -> dict[int, tuple[int, str, bytes]]:
+    """pid -> (parent pid, start time, command line) of every process /proc shows."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            command = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        table[int(entry)] = (int(fields[1]), fields[19], command)
+    return table
+
+
+def ray_processes_of(leader: int) -> list[str]:
+    """``"pid:start_time"`` of each process below ``leader`` that runs Ray's code (its path, or the ``ray::`` title
+    Ray's agents and workers take): the processes of the Ray cluster ``ng_run`` started."""
+    table = _process_table()
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _, _) in table.items():
+        children.setdefault(parent, []).append(pid)
+    found, stack = [], list(children.get(leader, []))
+    while stack:
+        pid = stack.pop()
+        stack += children.get(pid, [])
+        _, start, command = table[pid]
+        if b"/ray/" in command or command.startswith(b"ray::"):
+            found.append(f"{pid}:{start}")
+    return found
+
+
+def reap_ray_after_the_run(leader: int, ray_processes: list[str]) -> None:
+    """Leave a reaper (its own session) that stops ``ray_processes`` once ``leader`` (``ng_run``) is gone."""
+    if ray_processes:
+        command = [sys.executable, "-I", "-S", "-c", _RAY_REAPER, str(leader), *ray_processes]
+        subprocess.Popen(command, start_new_session=True)
+
+
 def run_webserver(server_class: type) -> None:
     """Serve ``server_class`` as ``gym env start`` expects of an ``app.py``, ending with the run that started it."""
     from nemo_gym.server_utils import ServerClient
@@ -117,4 +201,9 @@ def run_webserver(server_class: type) -> None:
     disable_ray_uv_runtime_env()
     head = ServerClient.load_head_server_config()
     watch_run(head.host, head.port)
-    server_class.run_webserver()
+    group = os.getpgrp()  # ng_run leads it when run from a terminal or a test (module docstring)
+    ray_processes = ray_processes_of(group) if group in ancestors(os.getpid()) else []  # its Ray started first
+    try:
+        server_class.run_webserver()
+    finally:
+        reap_ray_after_the_run(group, ray_processes)

@@ -47,6 +47,8 @@ from nemo_tau2.gym.stack import ServerGroup, tau2_local_resources
 
 logger = logging.getLogger(__name__)
 
+LOG_TAIL_BYTES = 1 << 20
+
 
 class GymNodeLauncher:
     """On one node (a Ray actor): a fork server that starts the Gym servers placed on this node."""
@@ -80,6 +82,17 @@ class GymNodeLauncher:
         for pid in pids:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+
+    def log_tail(self, path: str, max_bytes: int) -> dict[str, Any] | None:
+        """The last ``max_bytes`` of a log file as this node's disk has it, and the file's identity (device, inode):
+        the head copies it only where its own file at that path is another one (a node-local disk). None: no file."""
+        try:
+            with open(path, "rb") as f:
+                stat = os.fstat(f.fileno())
+                f.seek(max(0, stat.st_size - max_bytes))
+                return {"data": f.read(), "size": stat.st_size, "file": [stat.st_dev, stat.st_ino], "ip": self.ip}
+        except OSError:
+            return None
 
     def stop(self) -> None:
         self.fork_server.stop()
@@ -274,6 +287,32 @@ class RayGymServers(GymServers):
                 exits.extend(ServerExit(name, self._pids.get(name, -1), -9) for name in gone)
         return exits
 
+    def copy_remote_log_tails(self, max_bytes: int = LOG_TAIL_BYTES) -> list[Path]:
+        """Bring the servers' logs that live on other nodes' disks to this process's log folder: the last
+        ``max_bytes`` of each, as ``<name>.from_<node ip>.log`` beside where the head expects it. A server whose
+        file the head already sees (one box, a shared filesystem) is skipped; one whose node is gone cannot be read.
+        Called by :meth:`stop` while the launchers live; the copies' paths."""
+        if self._ray is None or not self._ray.is_initialized():
+            return []
+        copied = []
+        for name, node in self.placement.items():
+            launcher = self.launchers.get(node["node_id"])
+            if launcher is None:
+                continue
+            path = Path(self.log_path(name))
+            try:
+                tail = self._ray.get(launcher.log_tail.remote(str(path), max_bytes), timeout=15)
+            except self._ray.exceptions.RayError as e:
+                logger.info("the log of %s on %s cannot be read (%s)", name, node["ip"], type(e).__name__)
+                continue
+            if tail is None or (path.exists() and [path.stat().st_dev, path.stat().st_ino] == tail["file"]):
+                continue
+            target = path.with_name(f"{path.stem}.from_{tail['ip']}.log")
+            cut = f"[the last {len(tail['data'])} of {tail['size']} bytes of {path} on {tail['ip']}]\n".encode()
+            target.write_bytes((cut if len(tail["data"]) < tail["size"] else b"") + tail["data"])
+            copied.append(target)
+        return copied
+
     def process_ids(self) -> list[int]:
         """Every process started for these servers: the servers and the fork servers (pids on their nodes)."""
         fork_servers = {node["fork_server_pid"] for node in self.placement.values()}
@@ -285,6 +324,8 @@ class RayGymServers(GymServers):
             self.watch.stop()
         ray = self._ray
         if ray is not None and ray.is_initialized():
+            with contextlib.suppress(OSError):
+                self.copy_remote_log_tails()  # before the launchers go: they read their nodes' disks
             stopping = [launcher.stop.remote() for launcher in self.launchers.values()]
             with contextlib.suppress(ray.exceptions.RayError):
                 ray.wait(stopping, num_returns=len(stopping), timeout=15)

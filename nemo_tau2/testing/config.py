@@ -90,6 +90,9 @@ class FakeServerConfig(BaseModel):
         default_factory=list, description="tau2 domains loaded at start-up instead of on their first request"
     )
     backlog: int = Field(2048, ge=1, description="listen backlog: hundreds of clients may connect at once")
+    faults: list[FaultSpec] = Field(
+        default_factory=list, description="fault rules active from the start (as POST /fake/control adds them)"
+    )
 
     @model_validator(mode="after")
     def _default_script_if_used(self) -> "FakeServerConfig":

@@ -85,6 +85,8 @@ class FakeEngine:
         self.default_script = config.default_script.to_script() if config.default_script else None
         self.tracker = TurnTracker()
         self.faults = FaultInjector()
+        for spec in config.faults:  # a fake started by a config (a run's fake_cfg) fails from its first request
+            self.faults.add(spec)
         self.stats = FakeStats()
         self.weight_version = 0
 

@@ -305,11 +305,36 @@ ASYNC_IN_FLIGHT = [
     "policy.generation.hf_cfg.in_process=false",
     "+grpo.async_grpo.enabled=true",
     "+grpo.async_grpo.in_flight_weight_updates=true",
+    "+logger.save_rollouts=all",  # the sync run keeps the default: the failed episodes only
 ]
+# The user simulator fails every request of each group's last episode (sample 7), at once (one attempt): every step
+# has infrastructure errors, with their cause
+SAMPLE_7_FAILS = [
+    "user.generation.fake_cfg={faults: [{kind: http_503, route: chat, key_pattern: '-7[|]user$', count: null}]}",
+    "++env.nemo_gym.user_retry.max_attempts=1",
+]
+
+
+def _check_step_files(logs: Path, metrics: dict[int, dict], save: str) -> int:
+    """Each step's episode file holds exactly the episodes its logged metrics count (the attempt that trained:
+    none twice, none lost), the failed ones with their cause; the number of failed episodes in them."""
+    failed = 0
+    for step, logged in metrics.items():
+        path = logs / "train" / f"step_{step}" / "rollouts.jsonl"
+        records = [json.loads(line) for line in path.open()] if path.exists() else []
+        errors = [record for record in records if record["status"] != "ok"]
+        expected = logged["train/rollout/num_episodes"] if save == "all" else len(errors)
+        assert len(records) == expected and len(errors) == logged["train/rollout/num_infrastructure_errors"], step
+        assert all("user simulator" in record["error"] and record["reward"] is None for record in errors), errors
+        assert save != "all" or all(record["transcript"] for record in records if record["status"] == "ok")
+        failed += len(errors)
+    assert failed > 0
+    return failed
 
 
 @pytest.mark.parametrize("mode", [[], ASYNC_IN_FLIGHT], ids=["sync", "async"])
 def test_run_grpo_killed_mid_run_resumes_where_its_last_checkpoint_left_off(tiny_policy, tmp_path, mode):
+    """With failing episodes: each step's are recorded, once, and its log line names their cause."""
     command = [
         sys.executable,
         str(CONFIGS.parent / "run_grpo.py"),
@@ -323,15 +348,18 @@ def test_run_grpo_killed_mid_run_resumes_where_its_last_checkpoint_left_off(tiny
         "grpo.val_at_end=false",
         "grpo.max_num_steps=4",
         "checkpointing.save_period=1",
+        *SAMPLE_7_FAILS,
         *mode,
     ]
+    logs = tmp_path / "logs"
     run = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
     deadline = time.monotonic() + 300
-    while not (tmp_path / "checkpoints" / "step_2").is_dir():
+    # killed once step 3 wrote episodes: the rerun repeats it, and its file must not keep the lost attempt's too
+    while not ((tmp_path / "checkpoints" / "step_2").is_dir() and (logs / "train/step_3/rollouts.jsonl").exists()):
         assert run.poll() is None, run.stdout.read()
-        assert time.monotonic() < deadline, "no step_2 checkpoint within 300 s"
+        assert time.monotonic() < deadline, "no step_2 checkpoint and step 3 episodes within 300 s"
         time.sleep(0.2)
     os.killpg(run.pid, signal.SIGKILL)
     run.wait()
@@ -344,7 +372,8 @@ def test_run_grpo_killed_mid_run_resumes_where_its_last_checkpoint_left_off(tiny
     assert rerun.returncode == 0, text[-3000:]
     assert "\r" not in text  # no progress bar redrawn with carriage returns
     progress_lines = [line for line in text.splitlines() if re.match(r"steps \d+/4, ", line)]
-    assert re.fullmatch(r"steps 4/4, infra_errors=0, \d+ s/step", progress_lines[-1])  # the closing line
+    closing = re.fullmatch(r"steps 4/4, infra_errors=(\d+), \d+ s/step", progress_lines[-1])
+    assert closing, progress_lines[-1]
     assert len(progress_lines) <= elapsed / 30 + 2  # a plain line at most every 30 s
     resumed_at = int(text.split("resuming: ")[1].split()[0])
     assert resumed_at >= 2
@@ -358,6 +387,18 @@ def test_run_grpo_killed_mid_run_resumes_where_its_last_checkpoint_left_off(tiny
     logged = [record["step"] for record in records]
     assert logged[-(4 - resumed_at) :] == list(range(resumed_at + 1, 5))
     assert set(logged) == {1, 2, 3, 4}  # a step logged before the kill but not checkpointed is logged again
+    final = {record["step"]: record for record in records}  # the last log of each step: the attempt that trained
+    failed = _check_step_files(logs, final, "all" if mode else "failed")
+    rerun_steps = range(resumed_at + 1, 5)
+    rerun_failed = sum(final[step]["train/rollout/num_infrastructure_errors"] for step in rerun_steps)
+    assert int(closing[1]) == rerun_failed <= failed
+    for step in rerun_steps:  # the step's line names the causes with their counts
+        count = final[step]["train/rollout/num_infrastructure_errors"]
+        line = re.search(rf"step {step}: (\d+) of \d+ episode\(s\) dropped with infrastructure errors: (.*)", text)
+        assert (line is None) == (count == 0) and (line is None or int(line[1]) == count), text[-3000:]
+        if line:
+            assert sum(int(n) for n in re.findall(r"(?:^|; )(\d+)x agent /run HTTP 502: ", line[2])) == count, line[2]
+            assert "user simulator" in line[2] and f"in {logs / 'train' / f'step_{step}'}" in line[2], line[2]
     if mode:  # async: the groups (prompt draws) trained, step by step as finally logged: each once, in draw order
         trained = {record["step"]: record["train/async/group_ids"] for record in records}  # the last log of a step
         ids = [group for step in sorted(trained) for group in trained[step]]

@@ -26,6 +26,7 @@ from pathlib import Path
 import psutil
 import pytest
 import requests
+from ray._private import ray_constants
 from ray.cluster_utils import Cluster
 
 from nemo_tau2.algorithms.grpo_config import GRPOMasterConfig
@@ -38,7 +39,7 @@ from nemo_tau2.evals.eval import setup_eval
 from nemo_tau2.experience.rollouts import OK, SamplingParams, run_async_nemo_gym_rollout, run_nemo_gym_rollout_sync
 from nemo_tau2.generation import GenerationConfig
 from nemo_tau2.generation.tiny_model import build_tiny_model
-from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec
+from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec, run_ray
 from nemo_tau2.gym.episode_config import NemoGymEnvConfig
 from nemo_tau2.gym.http_client import RetryConfig
 from nemo_tau2.gym.launch import ServerSpec, ServerStartError
@@ -328,6 +329,20 @@ def test_a_silent_gym_node_ends_its_episodes_within_30_s_naming_the_cause_and_it
         workers[workers.index(silent)] = spare  # the lost-node test below removes a node of these
 
 
+def test_a_server_log_is_read_on_its_node_and_only_a_log_the_head_cannot_see_is_copied(environment):
+    """``GymNodeLauncher.log_tail`` reads the last bytes of a server's log on the server's node, with the file's
+    identity; on one box every node writes where the head reads, so nothing is copied."""
+    servers = environment.servers
+    path = Path(servers.log_path(RESOURCES[1]))
+    launcher = servers.launchers[servers.placement[RESOURCES[1]]["node_id"]]
+    tail = import_ray().get(launcher.log_tail.remote(str(path), 200), timeout=30)
+    data, stat = path.read_bytes(), path.stat()
+    assert tail["data"] == data[-200:] and tail["size"] == len(data) > 200
+    assert tail["file"] == [stat.st_dev, stat.st_ino] and tail["ip"] == servers.placement[RESOURCES[1]]["ip"]
+    assert import_ray().get(launcher.log_tail.remote(str(path) + ".absent", 200), timeout=30) is None
+    assert servers.copy_remote_log_tails() == []
+
+
 def test_a_lost_node_fails_only_the_episodes_it_held_and_leaves_no_process(cluster, environment):
     """A node removed (a crash) with episodes in flight on both: only those it held fail, within 15 s of Ray
     marking it dead, at most its share (1 of 2 nodes) of those in flight plus 10% (each agent's sessions live on
@@ -412,3 +427,28 @@ def test_ctrl_c_on_the_head_process_stops_its_ray_placed_servers(cluster, tmp_pa
         time.sleep(0.2)
     assert not any(_alive(pid) for pid in started["pids"])
     _assert_free(started["url"])
+
+
+def test_ray_node_death_output_goes_to_the_run_log_not_its_console(cluster, tmp_path, capfd, caplog):
+    """A node whose raylet dies: each of its agents publishes "Raylet is terminated" with the raylet log's last 20
+    lines (about 40 lines) to every driver. A run's driver writes them to ``ray.log`` in its log folder and leaves
+    one line on the console."""
+    ray_cluster, _ = cluster
+    node = ray_cluster.add_node(num_cpus=1, object_store_memory=80 * 1024**2)
+    ray_cluster.wait_for_nodes()
+    log = tmp_path / "ray.log"
+    try:
+        with run_ray(ClusterConfig(ray_address=ray_cluster.address), NemoGymEnvConfig(), None, output_log=log):
+            (raylet,) = node.all_processes[ray_constants.PROCESS_TYPE_RAYLET]
+            raylet.process.kill()  # the node's agents outlive it long enough to report it
+            deadline = time.monotonic() + 90
+            while "Raylet is terminated" not in (log.read_text() if log.exists() else ""):
+                assert time.monotonic() < deadline, "no word of the dead raylet within 90 s"
+                time.sleep(0.5)
+    finally:
+        ray_cluster.remove_node(node, allow_graceful=False)
+    console = capfd.readouterr()
+    assert "Raylet is terminated" not in console.out + console.err
+    assert "(raylet" in log.read_text() and len(log.read_text().splitlines()) > 10
+    (line,) = [r.getMessage() for r in caplog.records if "Raylet is terminated" in r.getMessage()]
+    assert line.startswith("Ray: Raylet is terminated") and str(log) in line

@@ -4,12 +4,18 @@ results."""
 
 import asyncio
 import dataclasses
+import logging
+import os
+import signal
+import time
 
 import aiohttp
 import requests
 
+from nemo_tau2.experience import progress
 from nemo_tau2.experience.progress import ProgressWatch, RolloutProgress
 from nemo_tau2.experience.rollouts import SamplingParams, run_nemo_gym_rollout_sync
+from nemo_tau2.gym.launch import free_port
 from nemo_tau2.gym.stack import AGENT, RESOURCES_SERVER
 from nemo_tau2.tau2_env.gym_rows import task_row
 from nemo_tau2.testing.scripts import TurnListScript
@@ -73,3 +79,46 @@ def test_an_agent_without_progress_counters_shows_episodes_only(fresh_stack):
     (snapshot,) = snapshots
     assert snapshot.policy_turns is None and snapshot.tokens_per_s is None and snapshot.episodes_done == 1
     assert snapshot.describe() == "0 running"
+
+
+def test_an_unreachable_agent_is_named_once_and_not_polled_until_it_answers_again(fresh_stack, caplog, monkeypatch):
+    """A silent agent (its process stopped: the port accepts, nothing answers, as a hung host) and one whose port
+    refuses: each is reported unreachable once over three steps' watches, and only the first watch waits for the
+    silent one's poll timeout. Started again, the agent is found answering by the background probe and counted."""
+    agent_pid, refusing = fresh_stack.servers.pid(AGENT), f"http://127.0.0.1:{free_port()}"
+    urls = [fresh_stack.agent_url, refusing]
+    caplog.set_level(logging.INFO, logger=progress.__name__)
+
+    async def one_step() -> float:
+        began = time.monotonic()
+        async with aiohttp.ClientSession() as http:
+            watch = ProgressWatch(http, urls, 1, lambda _: None, 1.0)
+            await watch.start()
+            await watch.report()
+        return time.monotonic() - began
+
+    os.kill(agent_pid, signal.SIGSTOP)
+    try:
+        waits = [asyncio.run(one_step()) for _ in range(3)]
+    finally:
+        os.kill(agent_pid, signal.SIGCONT)
+    assert waits[0] >= progress.POLL_TIMEOUT_S and max(waits[1:]) < 1.0, waits
+    for url in urls:
+        lines = [r.getMessage() for r in caplog.records if url in r.getMessage()]
+        assert len(lines) == 1 and "is unreachable" in lines[0], lines
+    assert "no answer within" in caplog.text and "Cannot connect" in caplog.text  # each cause named
+
+    monkeypatch.setattr(progress, "UNREACHABLE_RECHECK_S", 0.2)
+    snapshots: list[RolloutProgress] = []
+
+    async def watch_a_while() -> None:
+        async with aiohttp.ClientSession() as http:
+            watch = ProgressWatch(http, [fresh_stack.agent_url], 1, snapshots.append, 0.1)
+            await watch.start()
+            watching = asyncio.create_task(watch.run_forever())
+            await asyncio.sleep(1.5)
+            watching.cancel()
+
+    asyncio.run(watch_a_while())
+    assert f"agent at {fresh_stack.agent_url} answers again" in caplog.text
+    assert snapshots and snapshots[-1].policy_turns == 0  # polled again: its counters are back
