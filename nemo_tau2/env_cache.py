@@ -2,9 +2,9 @@
 
 ``scripts/setup.sh`` builds the environments that cannot share the project's pins (vLLM's, tau2 v1.0.1's, NeMo-Gym
 0.7.0's) with ``scripts/build_*_env.sh``, each in a folder under ``${XDG_CACHE_HOME:-~/.cache}/nemo-tau2`` (or the
-folder its ``NEMO_TAU2_*_ENV`` variable names), and writes ``.nemo_tau2_stamp`` into it last: a folder with the
-stamp is a finished build, one without it is half built and not used. The folder names are each build script's (the
-module that looks for one says which).
+folder its ``NEMO_TAU2_*_ENV`` variable names), and writes ``.nemo_tau2_stamp`` into it last (the rule the three
+share, ``scripts/env_cache.sh``): a folder with the stamp is a finished build, one without it is half built and not
+used. The folder names are each build script's (the module that looks for one says which).
 """
 
 import os
