@@ -182,6 +182,8 @@ class RayGeneration:
             data["model_name"] = os.path.abspath(cfg.model_name)
         self.cfg, self.cluster, self._data, self._start_replica = cfg, cluster, data, start_replica
         self.log_dir = log_dir  # the head's folder for the replicas' logs (None: each node's log is temporary)
+        self._claimed: set[str | None] = {None}  # node log folders already brought back (None: a replica keeps none)
+        self._claim_lock = threading.Lock()
         self.count = cfg.ray_replica_count(cluster)
         self.bundle = replica_bundle(cfg, cluster)
         self.base_urls: list[str] = []  # shared with the handle: a dropped replica leaves it
@@ -253,8 +255,10 @@ class RayGeneration:
     def _collect_logs(self, replicas: list[tuple[int, dict[str, Any]]]) -> None:
         """Bring the tails of these replicas' logs from their nodes to ``log_dir`` (their actors stopped)."""
         ray = self._ray
-        wanted = [(index, r) for index, r in replicas if self.log_dir is not None and r.get("log_dir")]
-        if not wanted:
+        with self._claim_lock:  # a replica lost while the run stops: the watcher and stop() may both ask
+            wanted = [(i, r) for i, r in replicas if r.get("log_dir") not in self._claimed]
+            self._claimed.update(r["log_dir"] for _, r in wanted)
+        if not wanted or self.log_dir is None:
             return
         read = ray.remote(num_cpus=0, max_retries=0)(read_log_tails)
         tasks = []
