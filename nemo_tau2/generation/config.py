@@ -63,7 +63,9 @@ class VllmConfig(_Strict):
     python: str | None = Field(
         default=None,
         description="Interpreter that runs vLLM's server (vLLM lives in its own environment: "
-        "scripts/build_vllm_env.sh prints it); null: $NEMO_TAU2_VLLM_PYTHON if set, else this interpreter.",
+        "scripts/build_vllm_env.sh prints it); null: $NEMO_TAU2_VLLM_PYTHON if set, else the environment "
+        "scripts/setup.sh vllm (build_vllm_env.sh --device <device>) built in ~/.cache/nemo-tau2, else this "
+        "interpreter.",
     )
     load_format: str = Field(
         default="auto", description="vLLM `--load-format`; `dummy` initialises random weights of the model's shape."

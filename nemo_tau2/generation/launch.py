@@ -303,26 +303,27 @@ def _start_openai(cfg: OpenAIConfig) -> GenerationHandle:
 
 
 BACKEND_ENTRY_POINTS = "nemo_tau2.generation_backends"
-"""Entry-point group of backends other packages provide: ``name = "module:start"``, ``start(cfg) -> handle``.
+"""Entry-point group of backends other packages provide: ``name = "module:start"``, ``start(cfg, log_dir=...) ->
+handle`` (``log_dir`` as :func:`start_generation`'s: where its server's log is kept, None: its own choice).
 The scripted fake (``backend: fake``) is one, provided by ``nemo_tau2.testing`` (see pyproject.toml)."""
 
 
-def _start_plugin(cfg: GenerationConfig) -> GenerationHandle:
+def _start_plugin(cfg: GenerationConfig, log_dir: Path | None) -> GenerationHandle:
     found = [point for point in entry_points(group=BACKEND_ENTRY_POINTS) if point.name == cfg.backend]
     if not found:
         raise GenerationStartupError(
             f"policy.generation.backend {cfg.backend!r}: no installed package provides it (entry-point group "
             f"{BACKEND_ENTRY_POINTS!r}); reinstall the project (uv sync)"
         )
-    return found[0].load()(cfg)
+    return found[0].load()(cfg, log_dir=log_dir)
 
 
-def _start_on_ray(cfg: GenerationConfig, cluster: ClusterConfig) -> GenerationHandle:
+def _start_on_ray(cfg: GenerationConfig, cluster: ClusterConfig, log_dir: Path | None) -> GenerationHandle:
     """``cfg``'s replicas placed on the Ray cluster, each started on its node by :func:`start_generation`, as one
-    handle listing every URL."""
+    handle listing every URL; their logs come back to ``log_dir`` (see :mod:`~nemo_tau2.generation.ray_replicas`)."""
     from nemo_tau2.generation.ray_replicas import RayGeneration
 
-    replicas = RayGeneration(cfg, cluster, start_replica=start_generation).start()
+    replicas = RayGeneration(cfg, cluster, start_replica=start_generation, log_dir=log_dir).start()
     return GenerationHandle(
         backend=cfg.backend,
         base_urls=replicas.base_urls,
@@ -352,7 +353,9 @@ def start_generation(
         cluster: Where the replicas run: with ``generation_placement: ray`` they are Ray-placed processes on the
             cluster's nodes (:mod:`nemo_tau2.generation.ray_replicas`); else, or None, on this machine.
         log_dir: Where a local vLLM server's log is kept (``<log_dir>/vllm_replica<i>.log``, appended to, never
-            deleted: a run's ``server_logs/``); None: a temporary file, deleted after a clean stop.
+            deleted: a run's ``server_logs/``); None: a temporary file, deleted after a clean stop. Ray-placed
+            replicas log on their nodes, and the end of each log is copied here when the run stops or the replica
+            is lost.
 
     Raises:
         GenerationStartupError: A dependency or file is missing, a configured port is busy, or a server died or
@@ -363,7 +366,7 @@ def start_generation(
     if cluster is not None and cluster.generation_placement == "ray":
         if model is not None:
             raise ValueError("start_generation: a model object cannot be served by Ray-placed replicas")
-        return _start_on_ray(cfg, cluster)
+        return _start_on_ray(cfg, cluster, log_dir)
     match cfg.backend:
         case "hf":
             return _start_hf(cfg, model, tokenizer)
@@ -375,4 +378,4 @@ def start_generation(
             assert cfg.openai_cfg is not None
             return _start_openai(cfg.openai_cfg)
         case _:
-            return _start_plugin(cfg)
+            return _start_plugin(cfg, log_dir)

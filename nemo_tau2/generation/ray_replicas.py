@@ -19,6 +19,13 @@ or whose actor or node is gone, is restarted on its bundle (same port, the lates
 ``cluster.generation_replica_restarts`` allows, else dropped: its URL leaves ``base_urls`` (weight updates skip it)
 and the Gym model servers' routers send its sessions elsewhere once it stops answering (the agent retries the turn).
 
+Logs: with a log folder (a run's ``server_logs/``) each replica's server logs into a folder of its own on its node
+(vLLM: ``vllm_replica0.log``), and the head brings back the last ``LOG_TAIL_BYTES`` of it as
+``<server_logs>/<backend>_replica<i>.log`` (``i`` the replica's index on the head, appended to as a local replica's
+is), then removes the node's folder: when the run stops, and when a replica is lost (restarted or dropped) while its
+node still answers. A zero-CPU task pinned to the node reads it, so a dead actor's log is read as a live one's; a
+node gone keeps it (the head says where).
+
 Lifetimes: a replica's processes die with its actor (``PR_SET_PDEATHSIG``, as every server we start), and Ray ends
 the actors of a driver that exits, so a head process that ends, however, leaves no server holding a port or a GPU.
 """
@@ -26,10 +33,14 @@ the actors of a driver that exits, so a head process that ends, however, leaves 
 import contextlib
 import logging
 import os
+import re
+import shutil
+import tempfile
 import threading
 import urllib.request
 from collections.abc import Callable
 from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 from nemo_tau2.cluster import ClusterConfig, import_ray, ray_connection
@@ -39,6 +50,9 @@ from nemo_tau2.generation.errors import GenerationStartupError, WeightUpdateErro
 logger = logging.getLogger(__name__)
 
 HEALTH_INTERVAL_S = 2.0
+LOG_TAIL_BYTES = 4 * 1024**2
+"""How much of a replica's log (its end) the head copies back: a vLLM log that ran for days stays on its node."""
+LOG_FETCH_TIMEOUT_S = 30.0
 _HOST_BLOCKS = {"vllm": "vllm_cfg", "hf": "hf_cfg", "llamacpp": "llamacpp_cfg"}
 _PORT_KEYS = {"vllm_cfg": "base_port", "hf_cfg": "port", "llamacpp_cfg": "port", "fake_cfg": "port"}
 
@@ -73,9 +87,34 @@ def replica_config(cfg: GenerationConfig, index: int, host: str, port: int | Non
     return GenerationConfig.model_validate(data | {block: settings})
 
 
+def read_log_tails(log_dir: str, max_bytes: int) -> dict[str, bytes]:
+    """On a replica's node: the last ``max_bytes`` of each log in its folder (a line saying how much was left out
+    first, when some was), then the folder removed."""
+    tails: dict[str, bytes] = {}
+    for path in sorted(Path(log_dir).glob("*.log")):
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - max_bytes))
+            tail = f.read()
+        if size > max_bytes:
+            tail = tail[tail.find(b"\n") + 1 :]  # from a line's start
+            tail = f"[nemo-tau2: the first {size - len(tail)} bytes of {path} are left out]\n".encode() + tail
+        tails[path.name] = tail
+    shutil.rmtree(log_dir, ignore_errors=True)
+    return tails
+
+
+def head_log_name(node_log_name: str, index: int) -> str:
+    """A replica's log name on the head: its node's name (``vllm_replica0.log``: one replica per node folder) with
+    the replica's index on the head (``vllm_replica3.log``)."""
+    named, found = re.subn(r"replica\d+", f"replica{index}", node_log_name, count=1)
+    return named if found else f"replica{index}_{node_log_name}"
+
+
 class GenerationReplica:
     """On one node (a Ray actor): one replica of ``policy.generation``, started by ``start_replica`` (the local
-    launcher: ``GenerationConfig`` -> a handle with ``base_urls``, ``update_weights`` and ``shutdown``)."""
+    launcher: ``GenerationConfig`` and ``log_dir`` -> a handle with ``base_urls``, ``update_weights`` and
+    ``shutdown``); ``keep_log``: its server logs into a folder of its own on this node, which the head reads."""
 
     def __init__(
         self,
@@ -83,7 +122,8 @@ class GenerationReplica:
         index: int,
         port: int | None,
         omp_threads: str | None,
-        start_replica: Callable[[GenerationConfig], Any],
+        start_replica: Callable[..., Any],
+        keep_log: bool = False,
     ) -> None:
         # Ray sets OMP_NUM_THREADS to the CPUs an actor reserved (1 here); an engine sizes its own threads (vLLM's
         # CPU build, llama.cpp, torch): it gets the head's setting, else none, as a local replica does
@@ -94,11 +134,16 @@ class GenerationReplica:
         self.node_id = ray.get_runtime_context().get_node_id()
         self.ip = ray.util.get_node_ip_address()
         cfg = GenerationConfig.model_validate(cfg_data)
-        self.handle = start_replica(replica_config(cfg, index, self.ip, port))
+        self.log_dir = tempfile.mkdtemp(prefix=f"nemo_tau2_generation_replica{index}_") if keep_log else None
+        log_dir = None if self.log_dir is None else Path(self.log_dir)
+        self.handle = start_replica(replica_config(cfg, index, self.ip, port), log_dir=log_dir)
         (self.base_url,) = self.handle.base_urls
 
     def where(self) -> dict[str, Any]:
-        return {"node_id": self.node_id, "ip": self.ip, "base_url": self.base_url, "pid": os.getpid()}
+        return {
+            "node_id": self.node_id, "ip": self.ip, "base_url": self.base_url, "pid": os.getpid(),
+            "log_dir": self.log_dir,
+        }  # fmt: skip
 
     def healthy(self) -> bool:
         try:
@@ -123,7 +168,11 @@ class RayGeneration:
     """The head's side: the placement group, one actor per replica, the watcher, weight updates to all of them."""
 
     def __init__(
-        self, cfg: GenerationConfig, cluster: ClusterConfig, start_replica: Callable[[GenerationConfig], Any]
+        self,
+        cfg: GenerationConfig,
+        cluster: ClusterConfig,
+        start_replica: Callable[..., Any],
+        log_dir: Path | None = None,
     ) -> None:
         problems = cfg.ray_placement_problems(cluster)
         if problems:
@@ -132,6 +181,9 @@ class RayGeneration:
         if cfg.model_name and os.path.isdir(cfg.model_name):  # a replica's working directory is not ours
             data["model_name"] = os.path.abspath(cfg.model_name)
         self.cfg, self.cluster, self._data, self._start_replica = cfg, cluster, data, start_replica
+        self.log_dir = log_dir  # the head's folder for the replicas' logs (None: each node's log is temporary)
+        self._claimed: set[str | None] = {None}  # node log folders already brought back (None: a replica keeps none)
+        self._claim_lock = threading.Lock()
         self.count = cfg.ray_replica_count(cluster)
         self.bundle = replica_bundle(cfg, cluster)
         self.base_urls: list[str] = []  # shared with the handle: a dropped replica leaves it
@@ -196,7 +248,38 @@ class RayGeneration:
         return remote.options(
             num_cpus=self.bundle["CPU"], num_gpus=self.bundle.get("GPU", 0), resources=custom,
             scheduling_strategy=strategy, name=None,
-        ).remote(self._data, index, port, os.environ.get("OMP_NUM_THREADS"), self._start_replica)  # fmt: skip
+        ).remote(
+            self._data, index, port, os.environ.get("OMP_NUM_THREADS"), self._start_replica, self.log_dir is not None
+        )  # fmt: skip
+
+    def _collect_logs(self, replicas: list[tuple[int, dict[str, Any]]]) -> None:
+        """Bring the tails of these replicas' logs from their nodes to ``log_dir`` (their actors stopped)."""
+        ray = self._ray
+        with self._claim_lock:  # a replica lost while the run stops: the watcher and stop() may both ask
+            wanted = [(i, r) for i, r in replicas if r.get("log_dir") not in self._claimed]
+            self._claimed.update(r["log_dir"] for _, r in wanted)
+        if not wanted or self.log_dir is None:
+            return
+        read = ray.remote(num_cpus=0, max_retries=0)(read_log_tails)
+        tasks = []
+        for _, replica in wanted:
+            node = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(replica["node_id"], soft=False)
+            tasks.append(read.options(scheduling_strategy=node).remote(replica["log_dir"], LOG_TAIL_BYTES))
+        Path(self.log_dir).mkdir(parents=True, exist_ok=True)
+        for (index, replica), task in zip(wanted, tasks, strict=True):
+            try:
+                tails = ray.get(task, timeout=LOG_FETCH_TIMEOUT_S)
+            except ray.exceptions.RayError as e:
+                with contextlib.suppress(ray.exceptions.RayError, ValueError, TypeError):
+                    ray.cancel(task, force=True)
+                logger.warning(
+                    "generation replica %d's log stays on node %s at %s (%s)",
+                    index, replica["ip"], replica["log_dir"], type(e).__name__,
+                )  # fmt: skip
+                continue
+            for name, tail in tails.items():
+                with open(Path(self.log_dir) / head_log_name(name, index), "ab") as f:
+                    f.write(tail)
 
     def _reports(self, actors: list[Any], timeout: float) -> list[dict[str, Any]]:
         ray = self._ray
@@ -265,6 +348,7 @@ class RayGeneration:
         assert replica is not None
         with contextlib.suppress(ray.exceptions.RayError, ValueError):
             ray.kill(replica["actor"])
+        self._collect_logs([(index, replica)])  # before its restart logs to the same file
         self.lost.append({"index": index, "node_id": replica["node_id"], "base_url": replica["base_url"]})
         if replica["restarts"] < self.cluster.generation_replica_restarts:
             logger.warning("generation replica %d at %s lost (%s): restarting it", index, replica["base_url"], reason)
@@ -296,12 +380,14 @@ class RayGeneration:
         self._stopping.set()
         ray = getattr(self, "_ray", None)
         if ray is not None and ray.is_initialized():
-            actors = [r["actor"] for r in self.replicas if r is not None]
+            live = [(index, r) for index, r in enumerate(self.replicas) if r is not None]
+            actors = [r["actor"] for _, r in live]
             with contextlib.suppress(ray.exceptions.RayError):
                 ray.wait([a.stop.remote() for a in actors], num_returns=len(actors), timeout=60)
             for actor in actors:
                 with contextlib.suppress(ray.exceptions.RayError, ValueError):
                     ray.kill(actor)
+            self._collect_logs(live)
             if self._group is not None:
                 with contextlib.suppress(ray.exceptions.RayError, ValueError):
                     ray.util.remove_placement_group(self._group)

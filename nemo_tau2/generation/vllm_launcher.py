@@ -35,6 +35,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from nemo_tau2.env_cache import built_python, environment_folder
 from nemo_tau2.generation.config import GenerationConfig, VllmConfig
 from nemo_tau2.generation.errors import GenerationStartupError, WeightUpdateError
 from nemo_tau2.generation.safetensors_layout import CheckpointLayoutError, Layout, layout_differences, read_layout
@@ -54,14 +55,34 @@ VLLM_PYTHON_ENV = "NEMO_TAU2_VLLM_PYTHON"
 EXTENSION_DIR = Path(__file__).parent / "vllm_extension"
 WORKER_EXTENSION = "nemo_tau2_vllm_extension.WeightReloadExtension"
 RELOAD_METHOD = "nemo_tau2_reload_weights"
-BUILD_HINT = "build it with `scripts/build_vllm_env.sh --device {device}`"
 # Variables of the project's environment that must not reach a vLLM interpreter of another environment.
 _FOREIGN_PYTHON_VARIABLES = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
 
 
+VLLM_ENV_FOLDER_ENV = "NEMO_TAU2_VLLM_ENV"
+_ENV_PYTHON_VERSIONS = {"cpu": "3.11", "cuda": "3.12"}  # scripts/build_vllm_env.sh's, per device
+
+
+def vllm_env_folder(device: str) -> Path:
+    """Where ``scripts/build_vllm_env.sh --device <device>`` builds vLLM's environment (``scripts/setup.sh vllm``:
+    cpu), by the script's own rule: ``$NEMO_TAU2_VLLM_ENV``, else ``vllm-<device>-<release>-py<version>`` in the
+    cache."""
+    name = f"vllm-{device}-{TESTED_VLLM_VERSION}-py{_ENV_PYTHON_VERSIONS[device]}"
+    return environment_folder(VLLM_ENV_FOLDER_ENV, name)
+
+
 def vllm_python(vllm_cfg: VllmConfig) -> str:
-    """The interpreter that runs vLLM's server: the config's, else ``$NEMO_TAU2_VLLM_PYTHON``, else this one."""
-    return vllm_cfg.python or os.environ.get(VLLM_PYTHON_ENV) or sys.executable
+    """The interpreter that runs vLLM's server: the config's, else ``$NEMO_TAU2_VLLM_PYTHON``, else the environment
+    the set-up built for the device (found where it builds it: nothing to export), else this one."""
+    if vllm_cfg.python or os.environ.get(VLLM_PYTHON_ENV):
+        return vllm_cfg.python or os.environ[VLLM_PYTHON_ENV]
+    built = built_python(vllm_env_folder(vllm_cfg.device))
+    return str(built) if built is not None else sys.executable
+
+
+def build_hint(device: str) -> str:
+    """The command that builds vLLM's environment for ``device`` where :func:`vllm_python` finds it."""
+    return "`scripts/setup.sh vllm`" if device == "cpu" else f"`scripts/build_vllm_env.sh --device {device}`"
 
 
 _PROBE = (
@@ -79,7 +100,8 @@ def require_vllm(vllm_cfg: VllmConfig) -> str:
     """Check that the configured interpreter has vLLM (without importing it); returns vLLM's version."""
     python = vllm_python(vllm_cfg)
     where = f"policy.generation.vllm_cfg.python (or ${VLLM_PYTHON_ENV}) is {python!r}"
-    hint = BUILD_HINT.format(device=vllm_cfg.device)
+    hint = f"build it with {build_hint(vllm_cfg.device)}"
+    chosen = vllm_cfg.python or os.environ.get(VLLM_PYTHON_ENV)
     try:
         probe = subprocess.run(
             [python, "-c", _PROBE],
@@ -94,6 +116,12 @@ def require_vllm(vllm_cfg: VllmConfig) -> str:
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, PermissionError) as e:
         raise GenerationStartupError(f"{where}, which does not run as a Python interpreter ({e})") from e
     version = probe.stdout.strip()
+    if not version and not chosen:
+        raise GenerationStartupError(
+            f"backend 'vllm' needs vLLM's environment: none is built at {vllm_env_folder(vllm_cfg.device)} and this "
+            f"interpreter ({python}) has no vllm package; run {build_hint(vllm_cfg.device)} (found there with "
+            f"nothing to set), or set vllm_cfg.python (or export {VLLM_PYTHON_ENV}) to an interpreter with vLLM"
+        )
     if not version:
         raise GenerationStartupError(
             f"backend 'vllm' needs vLLM, and {where}, which has no vllm package: {hint}, then set "

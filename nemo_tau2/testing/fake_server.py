@@ -13,6 +13,7 @@ import asyncio
 import atexit
 import contextlib
 import logging
+import os
 import queue
 import signal
 import subprocess
@@ -126,6 +127,7 @@ def start_fake_server(
     scripts: Mapping[str, Script] | None = None,
     mode: Literal["thread", "subprocess"] = "thread",
     startup_timeout_s: float = 120.0,
+    log_file: Path | None = None,
     **config_fields: Any,
 ) -> FakeServerHandle:
     """Start a fake server and return its handle (a context manager; ``close()`` stops the server).
@@ -137,12 +139,13 @@ def start_fake_server(
         mode: ``thread`` runs the server on its own event loop in a daemon thread of this process; ``subprocess``
             runs ``python -m nemo_tau2.testing.fake_server`` (its own GIL: use it for benchmarks).
         startup_timeout_s: how long to wait for the server to listen (loading tau2 domains takes seconds).
+        log_file: subprocess only: where its stderr (its log) is appended; None: ours.
     """
     config = _resolve_config(config, config_fields)
     if mode == "subprocess":
         if providers or scripts:
             raise ValueError("providers and scripts objects cannot cross into a subprocess; use config.scripts")
-        return _start_subprocess(config, startup_timeout_s)
+        return _start_subprocess(config, startup_timeout_s, log_file)
     if mode != "thread":
         raise ValueError(f"mode {mode!r} must be 'thread' or 'subprocess'")
     return _start_thread(_engine(config, providers, scripts), config, startup_timeout_s)
@@ -184,11 +187,13 @@ def _start_thread(engine: FakeEngine, config: FakeServerConfig, startup_timeout_
     return ThreadHandle(running.root_url, engine, loop, stop)
 
 
-def _start_subprocess(config: FakeServerConfig, startup_timeout_s: float) -> RemoteHandle:
+def _start_subprocess(config: FakeServerConfig, startup_timeout_s: float, log_file: Path | None) -> RemoteHandle:
     command = [sys.executable, "-m", "nemo_tau2.testing.fake_server", "--config-json", config.model_dump_json()]
-    process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, text=True, env=child_environment(), preexec_fn=die_with_parent
-    )
+    with open(log_file, "ab") if log_file is not None else contextlib.nullcontext() as stderr:
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=child_environment(),
+            preexec_fn=die_with_parent,
+        )  # fmt: skip
     lines: queue.Queue[str] = queue.Queue()
     reader = threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True)
     reader.start()
@@ -231,6 +236,7 @@ async def _serve_forever(config: FakeServerConfig) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     print(f"{READY_LINE_PREFIX}{running.root_url}/v1", flush=True)
+    print(f"fake server (pid {os.getpid()}) serving at {running.root_url}/v1", file=sys.stderr, flush=True)
     await stop.wait()
     await running.stop()
 

@@ -1,10 +1,14 @@
 """The set-up: `scripts/setup.sh` builds what the suite needs, and the tests find it with nothing exported; a missing
 environment is a failure naming the command that builds it, never a skip."""
 
+import fcntl
+import os
 import subprocess
+import sys
 
 import pytest
 
+from nemo_tau2.env_cache import STAMP_FILE, built_python
 from tests import env_python
 
 
@@ -31,3 +35,56 @@ def test_ci_runs_exactly_the_set_up_and_the_test_command():
     commands = [line for line in (env_python.ROOT / ".ci" / "run").read_text().splitlines() if line and line[0] != "#"]
     assert commands[-3:] == ["pip install uv", "scripts/setup.sh", "uv run pytest tests/unit"]
     assert commands[:-3] == ["set -euo pipefail", 'cd "$(dirname "$0")/.."']
+
+
+ENV_CACHE = env_python.ROOT / "scripts" / "env_cache.sh"
+# A build script in miniature, on the rule the real ones source: its "environment" is a folder whose interpreter is
+# this one (linked), and it "does not import" when asked to break.
+MINIATURE_BUILD = """set -euo pipefail
+source "$1"
+ENV_DIR="$2"; STAMP="$3"
+log() { echo "[probe] $*" >&2; }
+imports_ok() { [ -x "$ENV_DIR/bin/python" ] && [ ! -e "$ENV_DIR/broken" ]; }
+env_cache_reuse_or_lock
+log "building $ENV_DIR ($STAMP)"
+rm -rf "$ENV_DIR"
+mkdir -p "$ENV_DIR/bin"
+ln -s "$4" "$ENV_DIR/bin/python"
+if [ -n "${BREAK:-}" ]; then touch "$ENV_DIR/broken"; fi
+env_cache_stamp "the probe" "$ENV_DIR/bin/python" -c "import no_such_module"
+"""
+
+
+def test_the_build_scripts_rule_reuses_a_stamped_environment_rebuilds_any_other_and_holds_a_lock(tmp_path):
+    """scripts/env_cache.sh, which the three build scripts source: a finished build (stamp written last, imports)
+    is reused; a changed stamp or a build that did not finish is built again; a build that does not import exits 1
+    with the probe's last line and no stamp; a second run waits for the first's lock. nemo_tau2.env_cache reads the
+    stamp the same way (the vLLM launcher finds a finished build with it)."""
+    folder = tmp_path / "env"
+
+    def build(stamp: str, **env: str) -> subprocess.CompletedProcess:
+        command = ["bash", "-c", MINIATURE_BUILD, "build", str(ENV_CACHE), str(folder), stamp, sys.executable]
+        return subprocess.run(command, capture_output=True, text=True, timeout=60, env=os.environ | env)
+
+    first, again = build("probe 1"), build("probe 1")
+    assert first.returncode == again.returncode == 0, first.stderr
+    assert first.stdout == again.stdout == f"{folder}/bin/python\n"
+    assert first.stderr == f"[probe] building {folder} (probe 1)\n[probe] ready: {folder}\n"
+    assert again.stderr == f"[probe] reusing {folder} (probe 1)\n"
+    assert (folder / STAMP_FILE).read_text() == "probe 1\n" and built_python(folder) == folder / "bin" / "python"
+    assert "building" in build("probe 2").stderr  # what it installs changed: rebuilt
+
+    broken = build("probe 3", BREAK="1")
+    assert broken.returncode == 1 and broken.stdout == ""
+    assert broken.stderr.splitlines()[-1] == (
+        f"[probe] error: the probe does not import in {folder}: ModuleNotFoundError: No module named 'no_such_module'"
+    )
+    assert not (folder / STAMP_FILE).exists() and built_python(folder) is None  # half built: not used
+    assert "building" in build("probe 3").stderr  # and started again from nothing
+
+    with open(f"{folder}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a build under way
+        with pytest.raises(subprocess.TimeoutExpired):
+            subprocess.run(["bash", "-c", MINIATURE_BUILD, "build", str(ENV_CACHE), str(folder), "probe 3",
+                            sys.executable], capture_output=True, timeout=3)  # fmt: skip
+    assert "reusing" in build("probe 3").stderr

@@ -62,6 +62,9 @@ def test_the_vllm_grpo_smoke_on_a_ray_cluster_syncs_weights_every_step_and_vllm_
     assert run.returncode == 0, run.stderr[-3000:]
     (node,) = re.findall(r"generation replica 0 on node (\w+) at", run.stderr)
     assert gpu_node.node_id.startswith(node)  # placed on the "GPU" node, synced there every step
+    # its log, written on that node, came back to the run's server_logs/ when the run stopped
+    vllm_log = (tmp_path / "logs" / "server_logs" / "vllm_replica0.log").read_text()
+    assert "Application startup complete" in vllm_log and "/collective_rpc" in vllm_log, vllm_log[-2000:]
     steps = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
     assert [step["step"] for step in steps] == [1, 2]
     for step in steps:
@@ -91,6 +94,7 @@ def test_async_grpo_on_vllm_with_in_flight_updates_keeps_each_turns_weights_and_
     ]  # fmt: skip
     run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert run.returncode == 0, run.stderr[-3000:]
+    assert "Application startup complete" in (tmp_path / "logs" / "server_logs" / "vllm_replica0.log").read_text()
     steps = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
     assert [step["step"] for step in steps] == [1, 2, 3]
     for index, step in enumerate(steps):

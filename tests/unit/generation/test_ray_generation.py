@@ -28,6 +28,7 @@ from nemo_tau2.evals.eval import setup_eval
 from nemo_tau2.experience.rollouts import OK, SamplingParams, run_nemo_gym_rollout_sync
 from nemo_tau2.generation import GenerationConfig, start_generation
 from nemo_tau2.generation.errors import GenerationStartupError, WeightUpdateError
+from nemo_tau2.generation.ray_replicas import head_log_name, read_log_tails
 from nemo_tau2.generation.tiny_model import build_tiny_model
 from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec
 from nemo_tau2.gym.episode_config import NemoGymEnvConfig
@@ -104,7 +105,8 @@ def test_replicas_the_cluster_cannot_hold_are_refused_at_once(cluster):
 def test_replicas_land_on_the_gpu_nodes_serve_episodes_and_a_lost_one_is_restarted_then_dropped(cluster, tmp_path):
     """Two fake replicas on the two "GPU" nodes, the Gym servers on the head; episodes spread over both replicas.
     A replica whose server dies is restarted once at its URL; killed again, it is dropped, and the episodes
-    running meanwhile all finish with their reward: a lost replica costs turns a retry, never a score."""
+    running meanwhile all finish with their reward: a lost replica costs turns a retry, never a score. Each
+    replica's log comes back from its node to the run's log folder: a lost one's at once, the others' at the end."""
     gpu_nodes = cluster[1]
     spec = Tau2EnvironmentSpec(
         policy=FAKE,
@@ -122,6 +124,8 @@ def test_replicas_land_on_the_gpu_nodes_serve_episodes_and_a_lost_one_is_restart
         gym_nodes = {node["node_id"] for node in env.servers.placement.values()}
         assert gym_nodes and not gym_nodes & {node.node_id for node in gpu_nodes}
         assert env.policy.base_urls == [r["base_url"] for r in replicas.replicas]
+        node_log_dirs = [r["log_dir"] for r in replicas.replicas]
+        assert all(os.path.isdir(folder) for folder in node_log_dirs) and not list(tmp_path.glob("fake_replica*"))
         results = run_nemo_gym_rollout_sync(_rows("airline", ["0", "1", "2", "3"], 0), env.agent_urls, SAMPLING, 1)
         assert [r.status for r in results] == [OK] * 4 and all(r.reward == 1.0 for r in results)
         assert all(_chat_requests(url) > 0 for url in env.policy.base_urls)  # both replicas served turns
@@ -147,6 +151,9 @@ def test_replicas_land_on_the_gpu_nodes_serve_episodes_and_a_lost_one_is_restart
             time.sleep(0.2)
         assert env.policy.base_urls == [r["base_url"] for r in replicas.replicas]  # restarted at its URL
         assert requests.get(lost_url.removesuffix("/v1") + "/health", timeout=10).ok
+        serving = f"serving at {lost_url}\n"
+        assert (tmp_path / "fake_replica1.log").read_text().count(serving) == 1  # the lost server's, from its node
+        assert not os.path.exists(node_log_dirs[1])
         requests.post(lost_url.removesuffix("/v1") + "/fake/control", json={"latency_ms": 150}, timeout=10)
         os.kill(_server_pid(lost_url), signal.SIGKILL)  # its one restart is used: dropped
         deadline = time.monotonic() + 60
@@ -157,6 +164,26 @@ def test_replicas_land_on_the_gpu_nodes_serve_episodes_and_a_lost_one_is_restart
         assert not run.is_alive() and len(results) == 8
         assert [r.status for r in results] == [OK] * 8 and all(r.reward == 1.0 for r in results)
         assert len(replicas.lost) == 2 and replicas.replicas[1] is None
+        kept_url = env.policy.base_urls[0]
+    assert (tmp_path / "fake_replica1.log").read_text().count(serving) == 2  # both servers lost, each log kept
+    assert (tmp_path / "fake_replica0.log").read_text().count(f"serving at {kept_url}\n") == 1  # at the run's end
+    assert not [folder for folder in node_log_dirs if os.path.exists(folder)]
+
+
+def test_a_replicas_log_comes_back_bounded_from_its_line_start_and_its_node_folder_is_removed(tmp_path):
+    folder = tmp_path / "node"
+    folder.mkdir()
+    lines = [f"line {i:04d}\n" for i in range(1000)]  # 10 bytes each
+    (folder / "vllm_replica0.log").write_text("".join(lines))
+    (tail,) = read_log_tails(str(folder), max_bytes=95).values()
+    assert tail.decode().splitlines() == [
+        f"[nemo-tau2: the first {10 * 991} bytes of {folder / 'vllm_replica0.log'} are left out]",
+        *[line.strip() for line in lines[991:]],
+    ]
+    assert not folder.exists()
+    assert (head_log_name("vllm_replica0.log", 3), head_log_name("server.log", 1)) == (
+        "vllm_replica3.log", "replica1_server.log",
+    )  # fmt: skip
 
 
 HEAD_RUN = """

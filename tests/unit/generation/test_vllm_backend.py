@@ -6,6 +6,7 @@ The live server is exercised in test_vllm_live.py.
 import importlib.util
 import struct
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +17,8 @@ from nemo_tau2.generation.safetensors_layout import CheckpointLayoutError, layou
 from nemo_tau2.generation.surface_check import error_body
 from nemo_tau2.generation.vllm_launcher import (
     EXTENSION_DIR,
+    TESTED_VLLM_VERSION,
+    VLLM_ENV_FOLDER_ENV,
     VLLM_PYTHON_ENV,
     VllmReplicas,
     WeightUpdateError,
@@ -25,6 +28,7 @@ from nemo_tau2.generation.vllm_launcher import (
     vllm_server_command,
     vllm_server_env,
 )
+from tests.env_python import environment_python
 
 
 def _cfg(**vllm_cfg) -> GenerationConfig:
@@ -109,18 +113,44 @@ def test_replicas_get_disjoint_tensor_parallel_gpu_groups():
         replica_gpu_groups(["0", "1"], 2, 2)
 
 
-def test_the_interpreter_comes_from_the_config_then_the_environment_variable_then_this_process(monkeypatch):
+def test_the_interpreter_comes_from_the_config_then_the_environment_variable_then_this_process(monkeypatch, tmp_path):
     monkeypatch.setenv(VLLM_PYTHON_ENV, "/from/env/python")
     assert vllm_python(_cfg(python="/from/config/python").vllm_cfg) == "/from/config/python"
     assert vllm_python(_cfg().vllm_cfg) == "/from/env/python"
     monkeypatch.delenv(VLLM_PYTHON_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no environment built there
     assert vllm_python(_cfg().vllm_cfg) == sys.executable
+
+
+def test_with_nothing_exported_the_environment_the_set_up_built_is_found_else_one_line_names_the_set_up(
+    monkeypatch, tmp_path
+):
+    """A user who ran `scripts/setup.sh` runs a vLLM config with nothing exported: the environment is found where
+    the set-up built it (the same folder the build script prints, asked here: seconds when cached). Without one,
+    and without vLLM in this interpreter, the error is one line naming the set-up command."""
+    for variable in (VLLM_PYTHON_ENV, VLLM_ENV_FOLDER_ENV):
+        monkeypatch.delenv(variable, raising=False)
+    printed = environment_python(VLLM_PYTHON_ENV, "vllm", "vLLM")  # `scripts/setup.sh vllm`'s last line
+    monkeypatch.delenv(VLLM_PYTHON_ENV)  # environment_python exports it for what the tests start
+    cpu = _cfg(device="cpu").vllm_cfg
+    assert vllm_python(cpu) == printed and require_vllm(cpu).startswith(TESTED_VLLM_VERSION)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # a machine where the set-up did not run
+    assert vllm_python(cpu) == sys.executable
+    with pytest.raises(GenerationStartupError) as refused:
+        require_vllm(cpu)
+    assert "\n" not in str(refused.value) and "run `scripts/setup.sh vllm` (found there" in str(refused.value)
+    half_built = tmp_path / "nemo-tau2" / Path(printed).parents[1].name  # no stamp: a build that did not finish
+    (half_built / "bin").mkdir(parents=True)
+    (half_built / "bin" / "python").symlink_to(printed)
+    assert vllm_python(cpu) == sys.executable
+    (half_built / ".nemo_tau2_stamp").write_text("cpu\n")
+    assert vllm_python(cpu) == str(half_built / "bin" / "python")
 
 
 def test_an_interpreter_without_vllm_or_that_does_not_exist_is_named_with_the_command_that_builds_one(tmp_path):
     # vLLM runs from its own environment (its pins conflict with NeMo-Gym's): the project's has none
     assert importlib.util.find_spec("vllm") is None
-    with pytest.raises(GenerationStartupError, match=r"has no vllm package: build it with `scripts/build_vllm_env"):
+    with pytest.raises(GenerationStartupError, match=r"has no vllm package: build it with `scripts/setup.sh vllm`"):
         require_vllm(_cfg(python=sys.executable, device="cpu").vllm_cfg)
     missing = str(tmp_path / "nope" / "python")
     with pytest.raises(GenerationStartupError, match=r"which does not exist; build it with .*--device cuda"):
