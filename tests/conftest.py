@@ -119,27 +119,40 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Marks slow modules, and lays the suite out for pytest-xdist (``-n 2 --dist loadgroup`` in pyproject.toml).
-
-    Each module is one xdist group, so its module fixtures (a Gym stack, a Ray cluster, a vLLM server) start once, on
-    one worker; the vLLM modules share a group. Groups are handed out in collection order, so the slow modules are
-    moved to the front: the longest ones start first and the two workers finish together rather than one waiting on
-    a long module collected last."""
-    xdist = config.pluginmanager.hasplugin("xdist")  # absent in NeMo-Gym 0.7.0's environment (one process there)
+    """Marks slow modules, and moves them to the front: pytest-xdist hands the groups out in collection order (see
+    :func:`pytest_xdist_make_scheduler`), so the longest start first and the two workers finish together rather than
+    one waiting on a long module collected last."""
     for item in items:
-        module = _unit_module(item)
-        if module in SLOW_MODULES:
+        if _unit_module(item) in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
-        if xdist and not any(mark.name == "xdist_group" for mark in item.iter_markers()):
-            item.add_marker(pytest.mark.xdist_group(_xdist_group(module, item)))
     items.sort(key=lambda item: 0 if _unit_module(item) in SLOW_MODULES else 1)  # stable: file order kept within
 
 
-def _xdist_group(module: str | None, item) -> str:
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's, which NeMo-Gym 0.7.0's environment has not
+def pytest_xdist_make_scheduler(config, log):
+    """The suite's layout on pytest-xdist's workers (``-n 2 --dist loadgroup`` in pyproject.toml): each module is
+    one group, run whole on one worker, so its module fixtures (a Gym stack, a Ray cluster, a vLLM server) start
+    once; the vLLM modules share a group; a package in ``SHARED_FIXTURE_PACKAGES`` is one group.
+
+    A scheduler of our own rather than ``xdist_group`` marks: pytest-xdist 3.8 applies those by rewriting
+    ``item._nodeid``, which pytest 9.2 no longer reads, so every test was scheduled on its own."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid.split("::", 1)[0])
+
+    return ModuleGroups(config, log)
+
+
+def xdist_group(path: str) -> str:
+    """The group of a test file (its path as in the test's id, relative to the rootdir)."""
+    module = path.removeprefix("tests/unit/")
     if module in VLLM_MODULES:
         return "vllm"
-    package = next((package for package in SHARED_FIXTURE_PACKAGES if module and module.startswith(package)), None)
-    return package or module or str(item.path)
+    return next((package for package in SHARED_FIXTURE_PACKAGES if module.startswith(package)), module)
 
 
 def _unit_module(item) -> str | None:
