@@ -12,19 +12,27 @@ Rows should be compact (:func:`nemo_tau2.tau2_env.gym_rows.compact_rows`): a sho
 the task uses, so that prompts fit the tiny model's context.
 """
 
+import fcntl
+import hashlib
+import json
 import logging
+import os
+import shutil
 from pathlib import Path
 
 import torch
+import transformers
 from transformers import LlamaForCausalLM
 
 from nemo_tau2.algorithms.tiny_policy import TinyPolicyConfig, tiny_policy_architecture
+from nemo_tau2.env_cache import cache_root
 from nemo_tau2.generation.tiny_model import build_tiny_tokenizer, tool_call_text
 from nemo_tau2.tau2_env import domains
 from nemo_tau2.tau2_env.episode import Episode
 from nemo_tau2.testing.tau2_scripts import DEFAULT_CLOSING_TEXT, corrupt_arguments, opening_text
 
 logger = logging.getLogger(__name__)
+Example = tuple[list[int], list[int], float]  # a warm-start turn: prompt ids, reply ids, its weight
 
 
 def _chat_tools(row: dict) -> list[dict]:
@@ -67,11 +75,44 @@ def _encode(tokenizer, messages: list[dict], tools: list[dict], reply: str) -> t
 
 
 def build_tiny_policy(cfg: TinyPolicyConfig, rows: list[dict], output_dir: str | Path) -> Path:
-    """Build, warm-start and save the tiny policy (model + tokenizer with its chat template)."""
+    """Build, warm-start and save the tiny policy (model + tokenizer with its chat template) into ``output_dir``.
+
+    The warm start is deterministic (seeded, full-batch) and takes tens of seconds on 2 cores, and every smoke run and
+    test with a fresh ``policy.model_name`` asks for the same one: the saved files are kept under
+    ``<cache_root>/tiny-policies/<key>`` and copied from there when the key matches. The key covers everything the
+    weights depend on: the settings, the architecture, the token ids and weights of every warm-start example (so the
+    rows, the tokenizer and its chat template), this module's code, and the torch and transformers versions."""
     tokenizer = build_tiny_tokenizer()
     config = tiny_policy_architecture(cfg, tokenizer)
-    torch.manual_seed(cfg.seed)
-    model = LlamaForCausalLM(config)
+    examples = _warm_start_examples(cfg, rows, tokenizer)
+    key = _cache_key(cfg, config, examples)
+    output = Path(output_dir)
+    cache = cache_root() / "tiny-policies"
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        lock = (cache / f"{key}.lock").open("w")
+    except OSError as error:  # a read-only home: build without the cache
+        logger.warning("tiny policy: cache %s unusable (%s); building without it", cache, error)
+        _warm_start(cfg, config, tokenizer, examples).save_pretrained(output)
+        tokenizer.save_pretrained(output)
+        return output
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build per key, whatever the number of runs or test workers asking
+        built = cache / key
+        if built.is_dir():
+            logger.info("tiny policy: the warm start for these settings and rows is cached (%s)", built)
+        else:
+            partial = cache / f"{key}.partial"  # a build killed midway leaves this, never a folder named by the key
+            shutil.rmtree(partial, ignore_errors=True)
+            _warm_start(cfg, config, tokenizer, examples).save_pretrained(partial)
+            tokenizer.save_pretrained(partial)
+            os.rename(partial, built)
+    shutil.copytree(built, output, dirs_exist_ok=True)
+    return output
+
+
+def _warm_start_examples(cfg: TinyPolicyConfig, rows: list[dict], tokenizer) -> list[Example]:
+    """(prompt ids, reply ids, weight) for the first two policy turns of every row with a gold action."""
     rows_with_actions = [
         row for row in rows if domains.get_task(row["domain"], str(row["task_id"])).evaluation_criteria.actions
     ]
@@ -79,7 +120,7 @@ def build_tiny_policy(cfg: TinyPolicyConfig, rows: list[dict], output_dir: str |
         raise ValueError("tiny_policy: no training row has a gold action to warm-start on")
     # Each distinct (prompt, reply) once, weighted: the right and the wrong first call in the ratio
     # correct_fraction : 1 - correct_fraction, so that the model's sampling probabilities end near that ratio.
-    examples: list[tuple[list[int], list[int], float]] = []
+    examples: list[Example] = []
     for row in rows_with_actions:
         tools = _chat_tools(row)
         for correct, weight in ((True, cfg.correct_fraction), (False, 1.0 - cfg.correct_fraction)):
@@ -91,6 +132,27 @@ def build_tiny_policy(cfg: TinyPolicyConfig, rows: list[dict], output_dir: str |
                         f"{len(prompt_ids)} tokens; raise max_position_embeddings or use compact rows"
                     )
                 examples.append((prompt_ids, reply_ids, weight))
+    return examples
+
+
+def _cache_key(cfg: TinyPolicyConfig, config, examples: list[Example]) -> str:
+    digest = hashlib.sha256()
+    for part in (
+        cfg.model_dump_json(),
+        config.to_json_string(use_diff=False),
+        json.dumps(examples),
+        Path(__file__).read_text(),
+        torch.__version__,
+        transformers.__version__,
+    ):
+        digest.update(part.encode() + b"\0")
+    return digest.hexdigest()[:24]
+
+
+def _warm_start(cfg: TinyPolicyConfig, config, tokenizer, examples: list[Example]) -> LlamaForCausalLM:
+    """The random tiny Llama fine-tuned on the weighted examples' reply tokens, full batch, ``warm_start_steps``."""
+    torch.manual_seed(cfg.seed)
+    model = LlamaForCausalLM(config)
     width = max(len(p) + len(r) for p, r, _ in examples)
     ids = torch.full((len(examples), width), tokenizer.pad_token_id)
     reply_mask = torch.zeros((len(examples), width))
@@ -118,10 +180,7 @@ def build_tiny_policy(cfg: TinyPolicyConfig, rows: list[dict], output_dir: str |
         loss.backward()
         optimizer.step()
     logger.info("tiny policy warm start: final loss %.4f over %d examples", loss.item(), len(examples))
-    output = Path(output_dir)
-    model.eval().save_pretrained(output)
-    tokenizer.save_pretrained(output)
-    return output
+    return model.eval()
 
 
 def first_call_preference(model_dir: str | Path, rows: list[dict]) -> float:

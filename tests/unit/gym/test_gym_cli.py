@@ -1,8 +1,11 @@
 """Our Gym servers under NeMo-Gym's own CLI, typed as docs/nemo-gym-cli.md types it: in a clean copy
 of the repository (what CI checks out), an ``env.yaml`` with the policy and user endpoints (the scripted fake
 server), ``ng_run`` with NeMo-Gym's default per-server virtualenvs (built from each folder's requirements.txt),
-then ``ng_collect_rollouts`` and ``gym eval run --no-serve`` over the example rows. A SIGTERM, and a start that fails,
-leave no process of the session behind (``ps -s``: ng_run's Ray included).
+then ``ng_collect_rollouts`` and ``gym eval run --no-serve`` over the example rows. A SIGTERM, and a start that fails
+(through ``gym env start``, the newer spelling), leave no process of the session behind (``ps -s``: Ray included).
+
+It runs on both NeMo-Gym releases: here on 0.4.0, and in NeMo-Gym 0.7.0's Python 3.13 environment through
+test_nemo_gym_0_7.py, where the CLI is 0.7.0's and the servers' virtualenvs resolve ``-e ../..`` to nemo-gym 0.7.0.
 
 The only setting beyond the endpoints is NeMo-Gym's own ``uv_cache_dir`` (in ``env.yaml``), pointed at uv's cache,
 which ``uv sync`` has filled: the virtualenvs are then linked from it instead of downloaded again (~1.8 GB).
@@ -30,6 +33,7 @@ CONFIGS = [
     "responses_api_agents/tau2_agent/configs/user_model.yaml",
 ]
 NG_RUN = [str(BIN / "ng_run"), *(arg for path in CONFIGS for arg in ("--config", path))]
+GYM_ENV_START = [str(BIN / "gym"), "env", "start", *NG_RUN[1:]]  # the same servers through NeMo-Gym's newer CLI
 START_TIMEOUT_S = 600
 
 
@@ -66,11 +70,11 @@ def _session_processes(session_id: int) -> list[str]:
     return [line.strip() for line in listing.stdout.splitlines() if line.strip()]
 
 
-def _start_ng_run(copy: Path, log: Path, *overrides: str) -> subprocess.Popen:
+def _start_servers(command: list[str], copy: Path, log: Path, *overrides: str) -> subprocess.Popen:
     # Its own session: like a terminal's job, and the test can count what it leaves behind.
     with log.open("w") as out:
         return subprocess.Popen(
-            [*NG_RUN, *overrides],
+            [*command, *overrides],
             cwd=copy,
             env=_cli_environment(),
             stdout=out,
@@ -136,7 +140,7 @@ def test_gym_validates_our_configs_and_names_a_missing_user_model():
 
 def test_ng_run_with_default_venvs_then_collect_rollouts_and_gym_eval_run(gym_copy):
     log = gym_copy / "ng_run.log"
-    ng_run = _start_ng_run(gym_copy, log)
+    ng_run = _start_servers(NG_RUN, gym_copy, log)
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         while "servers ready!" not in log.read_text(errors="replace"):
@@ -188,18 +192,19 @@ def test_ng_run_with_default_venvs_then_collect_rollouts_and_gym_eval_run(gym_co
 
 
 def test_a_failed_start_leaves_no_process_behind(gym_copy):
-    """A config error in one server: ng_run gives up, and neither the servers it had started (ours and NeMo-Gym's
-    own model servers) nor its Ray cluster outlive it."""
-    log = gym_copy / "ng_run_failing.log"
-    ng_run = _start_ng_run(gym_copy, log, "++tau2_agent.responses_api_agents.tau2_agent.max_steps=0")
+    """A config error in one server, started with ``gym env start`` (NeMo-Gym's newer spelling of ``ng_run``): it
+    gives up, and neither the servers it had started (ours and NeMo-Gym's own model servers) nor its Ray cluster
+    outlive it."""
+    log = gym_copy / "gym_env_start_failing.log"
+    start = _start_servers(GYM_ENV_START, gym_copy, log, "++tau2_agent.responses_api_agents.tau2_agent.max_steps=0")
     try:
-        ng_run.wait(timeout=START_TIMEOUT_S)
+        start.wait(timeout=START_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        os.killpg(ng_run.pid, signal.SIGKILL)
-        pytest.fail("ng_run did not give up on a server that cannot start: " + log.read_text()[-3000:])
+        os.killpg(start.pid, signal.SIGKILL)
+        pytest.fail("gym env start did not give up on a server that cannot start: " + log.read_text()[-3000:])
     text = log.read_text(errors="replace")
-    assert ng_run.returncode != 0 and "Process `tau2_agent` finished unexpectedly" in text, text[-3000:]
-    left = _wait_for_no_process(ng_run.pid, 30)
+    assert start.returncode != 0 and "Process `tau2_agent` finished unexpectedly" in text, text[-3000:]
+    left = _wait_for_no_process(start.pid, 30)
     if left:
-        os.killpg(ng_run.pid, signal.SIGKILL)
+        os.killpg(start.pid, signal.SIGKILL)
     assert left == []

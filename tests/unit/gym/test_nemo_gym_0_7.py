@@ -18,6 +18,7 @@ ON_NEMO_GYM_0_7 = [
     "tests/unit/gym/test_resources_server_session_routes.py",  # /close_session, /reverify_mode
     "tests/unit/gym/test_launcher.py",  # servers log their INFO lines; episodes through the launcher
     "tests/unit/tau2_release/test_resources_server_v1.py",  # judge_failsafe never turns a judge fault into a score
+    "tests/unit/gym/test_gym_cli.py",  # ng_run and gym env start from a clean copy: 0.7.0's CLI builds the venvs
     "tests/unit/gym/agent/test_agent_episodes.py",  # the oracle episodes: every base task of every domain scores 1
     # eval end to end: examples/run_eval.py with its Gym stack, pass@1 and pass^4 of the oracle in every domain
     "tests/unit/evals/test_eval_end_to_end.py::test_oracle_policy_scores_pass_at_1_and_pass_hat_4_of_one_in_every_domain",
