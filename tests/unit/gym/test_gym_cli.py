@@ -56,13 +56,19 @@ def _clean_copy(destination: Path) -> Path:
 
 
 def _cli_environment() -> dict[str, str]:
-    """The user's shell: the project's environment on PATH (``ng_run``, ``uv``), nothing else of ours."""
+    """The user's shell: the project's environment on PATH (``ng_run``, ``uv``) and the Python it was made from (the
+    one the user installed: NeMo-Gym asks uv for a venv of its own interpreter's version, and uv picks installed
+    interpreters, never another venv's), nothing else of ours."""
     ours = ("NEMO_GYM_", "VIRTUAL_ENV", "UV_RUN_RECURSION_DEPTH", "RAY_ENABLE_UV_RUN_RUNTIME_ENV", "PYTEST_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(ours) and k != "UV"}
-    path = f"{BIN}{os.pathsep}{Path(shutil.which('uv')).parent}{os.pathsep}{env['PATH']}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(ours) and k not in ("UV", "PYTHONPATH")}
+    installed_python = Path(sys._base_executable).parent
+    path = os.pathsep.join([str(BIN), str(Path(shutil.which("uv")).parent), str(installed_python), env["PATH"]])
     # A shell that ran `.ci/run` (or the README's `uv sync` with a chosen interpreter) has UV_PYTHON naming the base
     # Python: the servers' venvs must get their packages all the same.
-    return env | {"PATH": path, "UV_PYTHON": env.get("UV_PYTHON", sys._base_executable)}
+    env |= {"PATH": path, "UV_PYTHON": env.get("UV_PYTHON", sys._base_executable)}
+    if (3, 13) <= sys.version_info[:3] < (3, 13, 14):  # as docs/nemo-gym-cli.md says for a 3.13 older than 0.7.0's
+        env["UV_CONFIG_FILE"] = str(ROOT / "scripts" / "uv_python_3.13.14.toml")
+    return env
 
 
 def _session_processes(session_id: int) -> list[str]:
