@@ -178,8 +178,12 @@ def test_a_judge_fault_is_a_502_naming_it_never_a_score_and_the_retry_scores(ser
 
 def test_a_worker_that_dies_is_a_502_naming_it_not_a_500(server_url, nl_oracle):
     session, body = play(server_url, NL_TASK, nl_oracle)
-    workers = _server_workers()
-    assert len(workers) == 2, workers  # the episode worker and the scoring worker
+    # the episode worker and the scoring worker; an earlier test's worker may still be exiting (slower under
+    # coverage, which writes its data as a process ends): it has a few seconds to go
+    deadline = time.monotonic() + 10
+    while len(workers := _server_workers()) != 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(workers) == 2, workers
     for pid in workers:
         os.kill(pid, signal.SIGKILL)
     tool = session.post(f"{server_url}/list_all_product_types", json={}, timeout=WAIT_S)
