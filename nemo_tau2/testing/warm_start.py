@@ -87,14 +87,18 @@ def build_tiny_policy(cfg: TinyPolicyConfig, rows: list[dict], output_dir: str |
     examples = _warm_start_examples(cfg, rows, tokenizer)
     key = _cache_key(cfg, config, examples)
     output = Path(output_dir)
+
+    def build_into(folder: Path) -> None:
+        _warm_start(cfg, config, tokenizer, examples).save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+
     cache = cache_root() / "tiny-policies"
     try:
         cache.mkdir(parents=True, exist_ok=True)
         lock = (cache / f"{key}.lock").open("w")
     except OSError as error:  # a read-only home: build without the cache
         logger.warning("tiny policy: cache %s unusable (%s); building without it", cache, error)
-        _warm_start(cfg, config, tokenizer, examples).save_pretrained(output)
-        tokenizer.save_pretrained(output)
+        build_into(output)
         return output
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one build per key, whatever the number of runs or test workers asking
@@ -104,8 +108,7 @@ def build_tiny_policy(cfg: TinyPolicyConfig, rows: list[dict], output_dir: str |
         else:
             partial = cache / f"{key}.partial"  # a build killed midway leaves this, never a folder named by the key
             shutil.rmtree(partial, ignore_errors=True)
-            _warm_start(cfg, config, tokenizer, examples).save_pretrained(partial)
-            tokenizer.save_pretrained(partial)
+            build_into(partial)
             os.rename(partial, built)
     shutil.copytree(built, output, dirs_exist_ok=True)
     return output
