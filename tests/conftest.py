@@ -9,6 +9,7 @@ fast modules carry ``@pytest.mark.slow`` themselves.
 """
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -18,6 +19,12 @@ import nemo_tau2  # noqa: F401
 from tests import env_python
 
 UNIT = Path(__file__).resolve().parent / "unit"
+
+# OpenMP threads (torch's, vLLM CPU's) that finish a parallel region sleep at once instead of spinning for the next:
+# the suite runs two workers, each with training, engine and server processes, on a box of two cores, where a
+# spinning thread only takes the core from a process that has work. Measured on the GRPO loop and SFT/RFT modules
+# (two workers): 437 s against 487 s, 13% less user CPU. Inherited by every process the tests start.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # Modules, relative to tests/unit, whose every test is slow.
 SLOW_MODULES = frozenset(

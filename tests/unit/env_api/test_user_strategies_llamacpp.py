@@ -20,7 +20,8 @@ USER = GenerationConfig(
     temperature=1.0,  # a regenerated message can differ
     top_p=1.0,
     max_new_tokens=40,
-    llamacpp_cfg={"n_ctx": 2048, "n_parallel": 1, "n_threads": 2},
+    # one thread: llama.cpp's threads spin, and the suite runs two workers on two cores (24 s alone; 90-134 s with two)
+    llamacpp_cfg={"n_ctx": 2048, "n_parallel": 1, "n_threads": 1},
 )
 
 
