@@ -97,20 +97,21 @@ def _check_validation_episodes_become_sft_rows(folder: Path, val_rows: list[dict
         assert ids == last["prompt_token_ids"] + last["generation_token_ids"]
 
 
-def _train_and_validate(tiny_policy: Path, tmp: Path, *overrides: str, steps: int = 8) -> dict:
+def _train_and_validate(tiny_policy: Path, tmp: Path, *overrides: str, steps: int = 8, validate: bool = True) -> dict:
     """``steps`` GRPO steps, then the mean reward on the validation episodes (the start's: ``start_reward``)."""
     cfg = _config(tmp, tiny_policy, f"grpo.max_num_steps={steps}", "checkpointing.enabled=false", *overrides)
     train_rows, val_rows = grpo.load_rows(cfg)
     s = grpo.setup(cfg, train_rows, val_rows)
     try:
         history = grpo.grpo_train(s)
-        after = grpo.validate(s, steps)["val/overall/mean_reward"]
+        after = grpo.validate(s, steps)["val/overall/mean_reward"] if validate else None
         trained = s.policy.save_hf_model(tmp / "trained")
     finally:
         s.close()
     assert len(history) == steps
     assert all(step["train/rollout/num_infrastructure_errors"] == 0 for step in history)
-    _check_validation_episodes_become_sft_rows(tmp / "logs" / "validation" / f"step_{steps}", val_rows, cfg)
+    if validate:
+        _check_validation_episodes_become_sft_rows(tmp / "logs" / "validation" / f"step_{steps}", val_rows, cfg)
     margin = first_call_preference(trained, train_rows)
     return {"after": after, "margin": margin, "history": history}
 
@@ -120,14 +121,15 @@ def test_grpo_raises_the_mean_reward_and_the_same_run_without_updates_does_not(t
     train_rows, _ = grpo.load_rows(cfg)
     margin_before = first_call_preference(tiny_policy, train_rows)
     learned = _train_and_validate(tiny_policy, tmp_path / "learned", EPISODES)
-    # the control: the same loop without updates (2 steps: its weights are checked bit for bit below, so more steps
-    # would only sample the start's rate again, at CI's expense)
-    frozen = _train_and_validate(tiny_policy, tmp_path / "frozen", EPISODES, "policy.optimizer.kwargs.lr=0.0", steps=2)
+    # the control: the same loop without updates (2 steps, not validated: its weights are checked against the start's
+    # below, so its validation would only sample the start's rate again, which start_reward measured)
+    frozen = _train_and_validate(
+        tiny_policy, tmp_path / "frozen", "policy.optimizer.kwargs.lr=0.0", steps=2, validate=False
+    )
 
     # measured: 0.50-0.63 -> 0.83-0.97 mean reward in 8 steps with updates, 0.50 -> 0.53 without (the start varies
     # from run to run: continuous batching changes the numerics, hence the samples)
     assert learned["after"] > start_reward + 0.15, (start_reward, learned)
-    assert learned["after"] > frozen["after"] + 0.15, (learned, frozen)
     # the exact read of the same thing: the right call's log-probability margin over the wrong one
     assert abs(margin_before) < 1.0, f"the warm start should leave the two calls near even, margin {margin_before:.2f}"
     assert learned["margin"] > margin_before + 1.5, (margin_before, learned)

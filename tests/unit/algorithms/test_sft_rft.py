@@ -7,8 +7,11 @@ the successes, fine-tune) must raise it over the start; a round with no success 
 NLL loss reads the assistant tokens only: NaN anywhere else changes nothing.
 """
 
+import contextlib
+import io
 import json
 import logging
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -294,18 +297,35 @@ def test_run_sft_refuses_bad_rows_in_one_line(start, tmp_path, rows, message):
     assert not (tmp_path / "checkpoints").exists()
 
 
+def _in_process(name: str, *args: str) -> SimpleNamespace:
+    """The script's ``__main__`` run in this process (its exit status, stdout, stderr): the front door's answers
+    without a process start each (the scripts run as processes in the tests that train)."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    argv = sys.argv
+    sys.argv = [str(EXAMPLES / name), *args]
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            runpy.run_path(str(EXAMPLES / name), run_name="__main__")
+        code = 0
+    except SystemExit as stop:
+        code = stop.code
+    finally:
+        sys.argv = argv
+    return SimpleNamespace(returncode=code, stdout=stdout.getvalue(), stderr=stderr.getvalue())
+
+
 def test_the_training_scripts_share_one_front_door(tmp_path):
     """A wrong key is one line and exit 2 in each; --plan prints the plan of a shipped recipe and exits 0."""
     for script, config, override in (("run_sft.py", SFT_SMOKE, "sft.max_num_stepz=3"),
                                       ("run_rft.py", RFT_SMOKE, "rft.num_roundz=1")):  # fmt: skip
-        run = _script(script, "--config", str(config), override)
+        run = _in_process(script, "--config", str(config), override)
         assert run.returncode == 2 and "num_" in run.stderr and "error:" in run.stderr, run.stderr
     # RFT's recipe starts from SFT's output, which does not exist yet: planned with the base model's shape
     for script, config, overrides in (("run_sft.py", "sft_tau2_qwen3_4b.yaml", []),
                                       ("run_rft.py", "rft_tau2_qwen3_4b.yaml",
                                        ["policy.model_name=Qwen/Qwen3-4B-Instruct-2507"])):  # fmt: skip
-        run = _script(script, "--config", str(EXAMPLES / "configs" / config), *overrides, "--plan")
+        run = _in_process(script, "--config", str(EXAMPLES / "configs" / config), *overrides, "--plan")
         assert run.returncode == 0 and "plan: fits" in run.stdout, run.stdout + run.stderr
         assert "Gym capacity" in run.stdout  # both run Gym servers (SFT for its validation episodes)
-    unplanned = _script("run_rft.py", "--config", str(EXAMPLES / "configs" / "rft_tau2_qwen3_4b.yaml"), "--plan")
+    unplanned = _in_process("run_rft.py", "--config", str(EXAMPLES / "configs" / "rft_tau2_qwen3_4b.yaml"), "--plan")
     assert unplanned.returncode == 2 and "no config.json for 'results/sft_qwen3_4b" in unplanned.stderr
