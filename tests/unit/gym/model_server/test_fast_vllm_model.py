@@ -56,10 +56,12 @@ async def _run_all(agent_url: str, rows: list[dict]) -> list[dict]:
 
 
 def test_test_split_episodes_match_nemo_gyms_vllm_model_item_for_item():
+    # every third test task of each domain (35 episodes of the 100; CI time): the conversion is per model call, and
+    # test_conversion_parity.py compares it on every message shape
     rows = [
         task_row(domain, task.id) | {"sample_index": i}
         for domain in ("airline", "retail", "telecom")
-        for i, task in enumerate(domains.get_tasks(domain, "test"))
+        for i, task in enumerate(domains.get_tasks(domain, "test")[::3])
     ]
     answers = {}
     with start_fake_server(preload_domains=["airline", "retail", "telecom"]) as fake:
