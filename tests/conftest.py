@@ -69,6 +69,7 @@ SLOW_MODULES = frozenset(
         # Megatron process groups
         "models/megatron/test_conversion.py",
         "models/megatron/test_cpu_mode.py",
+        "models/megatron/test_packed_attention.py",
         "models/megatron/test_policy.py",
         "models/megatron/test_training.py",
         # tau2 v1.0.1 in its own environment, through its worker

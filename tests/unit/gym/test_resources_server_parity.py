@@ -56,6 +56,7 @@ def _corruption(domain: str, task):
     return None
 
 
+@pytest.mark.slow  # every base task, tau2 scoring each (the fast loop keeps the single-episode checks below)
 @pytest.mark.parametrize("domain", list(BASE_TASK_COUNTS))
 def test_gold_actions_score_one_and_match_tau2_on_every_base_task(resources_server_url, tau2_pool, domain):
     tasks = domains.get_tasks(domain, "base")
@@ -73,6 +74,7 @@ def test_gold_actions_score_one_and_match_tau2_on_every_base_task(resources_serv
     assert mismatches == []
 
 
+@pytest.mark.slow  # every base task, tau2 scoring each (the fast loop keeps the single-episode checks below)
 @pytest.mark.parametrize("domain", list(BASE_TASK_COUNTS))
 def test_do_nothing_scores_what_tau2_scores(resources_server_url, tau2_pool, domain):
     played = []
@@ -87,6 +89,7 @@ def test_do_nothing_scores_what_tau2_scores(resources_server_url, tau2_pool, dom
     assert round(sum(rewards) / len(rewards), 2) == DO_NOTHING_MEANS[domain]
 
 
+@pytest.mark.slow  # every base task, tau2 scoring each (the fast loop keeps the single-episode checks below)
 @pytest.mark.parametrize("domain", list(BASE_TASK_COUNTS))
 def test_one_wrong_write_argument_scores_what_tau2_scores(resources_server_url, tau2_pool, domain):
     played = []

@@ -55,6 +55,7 @@ async def _run_all(agent_url: str, rows: list[dict]) -> list[dict]:
         return await asyncio.gather(*(one(row) for row in rows))
 
 
+@pytest.mark.slow  # two Gym stacks for 35 episodes each
 def test_test_split_episodes_match_nemo_gyms_vllm_model_item_for_item():
     # every third test task of each domain (35 episodes of the 100; CI time): the conversion is per model call, and
     # test_conversion_parity.py compares it on every message shape

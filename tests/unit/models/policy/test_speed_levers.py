@@ -94,6 +94,7 @@ def test_planned_attention_gives_the_logprobs_loss_and_gradient_of_per_layer_bou
 # ---- 2. torch.compile of the blocks -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # torch.compile of every block (~47 s)
 def test_compiled_blocks_give_the_logprobs_loss_and_gradient_of_eager_ones(qwen3):
     eager = qwen3_policy(qwen3, dtensor_cfg={"torch_compile": False})
     compiled = qwen3_policy(qwen3, dtensor_cfg={"torch_compile": True})
