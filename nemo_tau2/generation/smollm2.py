@@ -10,28 +10,23 @@ BOS, and our ChatML template with tools (SmolLM2's own template ignores tools).
 
     uv run python -m nemo_tau2.generation.smollm2            # builds once (~40 s), prints the folder
 
-The folder is cached (``NEMO_TAU2_MODEL_CACHE`` or ``~/.cache/nemo-tau2``) under a name that carries the GGUF's size
-and this converter's version; it is written to a temporary folder and renamed, so a half-written one is never used.
+The folder is cached (``${XDG_CACHE_HOME:-~/.cache}/nemo-tau2``, as every built environment) under a name that carries
+the GGUF's size and this converter's version, built once however many processes ask (:func:`env_cache.build_once`: a
+half-written one is never used).
 """
 
 import argparse
 import json
-import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
+from nemo_tau2.env_cache import build_once, cache_root
 from nemo_tau2.generation.chat_templates import CHATML_TOOLS_TEMPLATE
 
 CONVERTER_VERSION = 1
 BOS, EOS, UNK = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 # Config keys of the GGUF import that describe the quantized source, not the model.
 _DROPPED_CONFIG_KEYS = ("quantization_config", "_name_or_path", "_model_name_or_path", "transformers_version")
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("NEMO_TAU2_MODEL_CACHE") or Path.home() / ".cache" / "nemo-tau2")
 
 
 def _gguf_tokenizer(gguf_path: Path):
@@ -97,18 +92,10 @@ def _write_model(gguf_path: Path, folder: Path) -> None:
     GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=2).save_pretrained(folder)
 
 
-def convert(gguf_path: Path, folder: Path) -> Path:
-    """Write the HF folder for ``gguf_path`` into ``folder`` (through a temporary sibling, renamed at the end)."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-    try:
-        _write_tokenizer(gguf_path, partial)
-        _write_model(gguf_path, partial)
-        shutil.rmtree(folder, ignore_errors=True)
-        partial.rename(folder)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
-    return folder
+def convert(gguf_path: Path, folder: Path) -> None:
+    """Write the HF folder for ``gguf_path`` into ``folder``."""
+    _write_tokenizer(gguf_path, folder)
+    _write_model(gguf_path, folder)
 
 
 def smollm2_hf_dir() -> Path:
@@ -117,9 +104,7 @@ def smollm2_hf_dir() -> Path:
 
     gguf_path = default_gguf_path()
     folder = cache_root() / f"smollm2-135m-instruct-hf-{gguf_path.stat().st_size}-v{CONVERTER_VERSION}"
-    if (folder / "model.safetensors").is_file():
-        return folder
-    return convert(gguf_path, folder)
+    return build_once(folder, lambda into: convert(gguf_path, into))
 
 
 def main() -> None:

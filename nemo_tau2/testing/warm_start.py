@@ -12,11 +12,9 @@ Rows should be compact (:func:`nemo_tau2.tau2_env.gym_rows.compact_rows`): a sho
 the task uses, so that prompts fit the tiny model's context.
 """
 
-import fcntl
 import hashlib
 import json
 import logging
-import os
 import shutil
 from pathlib import Path
 
@@ -25,7 +23,7 @@ import transformers
 from transformers import LlamaForCausalLM
 
 from nemo_tau2.algorithms.tiny_policy import TinyPolicyConfig, tiny_policy_architecture
-from nemo_tau2.env_cache import cache_root
+from nemo_tau2.env_cache import CacheUnusable, build_once, cache_root
 from nemo_tau2.generation.tiny_model import build_tiny_tokenizer, tool_call_text
 from nemo_tau2.tau2_env import domains
 from nemo_tau2.tau2_env.episode import Episode
@@ -92,24 +90,12 @@ def build_tiny_policy(cfg: TinyPolicyConfig, rows: list[dict], output_dir: str |
         _warm_start(cfg, config, tokenizer, examples).save_pretrained(folder)
         tokenizer.save_pretrained(folder)
 
-    cache = cache_root() / "tiny-policies"
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-        lock = (cache / f"{key}.lock").open("w")
-    except OSError as error:  # a read-only home: build without the cache
-        logger.warning("tiny policy: cache %s unusable (%s); building without it", cache, error)
+    try:  # one build per key, whatever the number of runs or test workers asking
+        built = build_once(cache_root() / "tiny-policies" / key, build_into)
+    except CacheUnusable as error:  # a read-only home: build without the cache
+        logger.warning("tiny policy: %s; building without it", error)
         build_into(output)
         return output
-    with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one build per key, whatever the number of runs or test workers asking
-        built = cache / key
-        if built.is_dir():
-            logger.info("tiny policy: the warm start for these settings and rows is cached (%s)", built)
-        else:
-            partial = cache / f"{key}.partial"  # a build killed midway leaves this, never a folder named by the key
-            shutil.rmtree(partial, ignore_errors=True)
-            build_into(partial)
-            os.rename(partial, built)
     shutil.copytree(built, output, dirs_exist_ok=True)
     return output
 

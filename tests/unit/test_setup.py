@@ -5,10 +5,11 @@ import fcntl
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
-from nemo_tau2.env_cache import STAMP_FILE, built_python
+from nemo_tau2.env_cache import STAMP_FILE, CacheUnusable, build_once, built_python
 from tests import env_python
 
 
@@ -88,3 +89,49 @@ def test_the_build_scripts_rule_reuses_a_stamped_environment_rebuilds_any_other_
             subprocess.run(["bash", "-c", MINIATURE_BUILD, "build", str(ENV_CACHE), str(folder), "probe 3",
                             sys.executable], capture_output=True, timeout=3)  # fmt: skip
     assert "reusing" in build("probe 3").stderr
+
+
+BUILD_ONCE = """
+import sys, time
+from pathlib import Path
+from nemo_tau2.env_cache import build_once
+
+def build(into):
+    with open(Path(sys.argv[1]).parent.parent / "builds.log", "a") as log:
+        log.write(sys.argv[2] + "\\n")
+    into.mkdir()
+    (into / "started").write_text("")
+    time.sleep(float(sys.argv[3]))
+    (into / "weights").write_text(sys.argv[2])
+
+print(build_once(Path(sys.argv[1]), build), flush=True)
+"""
+
+
+def test_build_once_builds_a_folder_once_for_every_process_asking_and_never_hands_out_a_torn_one(tmp_path):
+    """What Python builds in the cache (the SmolLM2 folder, the tiny policies): two processes asking at once get one
+    build (the second waits on the lock, then uses the first's); a build killed midway leaves only `.partial`,
+    which the next asker replaces; a cache that cannot be created is CacheUnusable, for the caller to build without."""
+    folder = tmp_path / "cache" / "model"
+
+    def ask(content: str, seconds: float) -> subprocess.Popen:
+        command = [sys.executable, "-c", BUILD_ONCE, str(folder), content, str(seconds)]
+        return subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=env_python.ROOT)
+
+    killed = ask("torn", 60)
+    while not (folder.parent / "model.partial" / "started").exists():
+        assert killed.poll() is None
+        time.sleep(0.05)
+    killed.kill()
+    killed.wait()
+    assert not folder.exists()
+    first, second = ask("first", 1.0), ask("second", 0.0)
+    assert first.communicate(timeout=60)[0].strip() == second.communicate(timeout=60)[0].strip() == str(folder)
+    built = (folder / "weights").read_text()
+    assert (tmp_path / "builds.log").read_text().split() == ["torn", built]  # whoever took the lock first, alone
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["model", "model.lock"]
+
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # a file where the cache folder's parent should be: mkdir fails as in a read-only home
+    with pytest.raises(CacheUnusable, match="unusable"):
+        build_once(blocked / "cache" / "model", lambda into: None)
