@@ -66,6 +66,9 @@ def _cli_environment() -> dict[str, str]:
     # A shell that ran `.ci/run` (or the README's `uv sync` with a chosen interpreter) has UV_PYTHON naming the base
     # Python: the servers' venvs must get their packages all the same.
     env |= {"PATH": path, "UV_PYTHON": env.get("UV_PYTHON", sys._base_executable)}
+    # A Ray of its own, as docs/nemo-gym-cli.md says to start ng_run: else it joins whatever Ray runs on the machine
+    # (here another test's cluster, whose end took the servers down mid-start)
+    env["RAY_ADDRESS"] = "local"
     if (3, 13) <= sys.version_info[:3] < (3, 13, 14):  # as docs/nemo-gym-cli.md says for a 3.13 older than 0.7.0's
         env["UV_CONFIG_FILE"] = str(ROOT / "scripts" / "uv_python_3.13.14.toml")
     return env
