@@ -90,8 +90,11 @@ def build_tiny_policy(cfg: TinyPolicyConfig, rows: list[dict], output_dir: str |
         _warm_start(cfg, config, tokenizer, examples).save_pretrained(folder)
         tokenizer.save_pretrained(folder)
 
+    cached = cache_root() / "tiny-policies" / key
+    if cached.is_dir():
+        logger.info("tiny policy: the warm start for these settings and rows is cached (%s)", cached)
     try:  # one build per key, whatever the number of runs or test workers asking
-        built = build_once(cache_root() / "tiny-policies" / key, build_into)
+        built = build_once(cached, build_into)
     except CacheUnusable as error:  # a read-only home: build without the cache
         logger.warning("tiny policy: %s; building without it", error)
         build_into(output)
