@@ -2,7 +2,7 @@
 # Everything the project, its examples and its whole test suite need, from nothing (after `pip install uv`):
 #
 #   scripts/setup.sh               # all of the below, in order; reruns take seconds (each part is cached)
-#   scripts/setup.sh vllm          # one part: project | chromium | vllm | smollm2 | tau2-v1 | gym07
+#   scripts/setup.sh vllm          # one part: project | chromium | vllm | smollm2 | tau2-v1 | gym07 | nemo-rl | nemo-rl-gym04
 #
 #   project   the project's environment (.venv): `uv sync` with the training, llamacpp and megatron extras (~7 GB)
 #   chromium  Debian's chromium for the report's browser tests (installed with apt-get when root; else the command)
@@ -13,6 +13,9 @@
 #             git tag
 #   gym07     NeMo-Gym 0.7.0's Python 3.13 environment for the Gym side's tests on that release
 #             (scripts/build_gym07_env.sh: pyenv's 3.13, uv installing for the 3.13.14 that 0.7.0 declares)
+#   nemo-rl   NeMo-RL's Gym path (its vendored source on the path, its lock's versions) on the NeMo-Gym commit it pins,
+#             Python 3.13, for the tests that run NeMo-RL's own code against our servers (scripts/build_nemo_rl_env.sh)
+#   nemo-rl-gym04  the same on NeMo-Gym 0.4.0, Python 3.12
 #
 # The environments land in ~/.cache/nemo-tau2 (each build script's own folder; XDG_CACHE_HOME moves it), each built
 # under a file lock, so parallel runs build once. The tests find them there with nothing exported: a test that needs
@@ -23,7 +26,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
 log() { echo "[setup] $*" >&2; }
-PARTS=(project chromium vllm smollm2 tau2-v1 gym07)
+PARTS=(project chromium vllm smollm2 tau2-v1 gym07 nemo-rl nemo-rl-gym04)
 
 python312() {
   if command -v pyenv >/dev/null 2>&1 && pyenv prefix 3.12 >/dev/null 2>&1; then
@@ -88,6 +91,14 @@ setup_gym07() {
   "$ROOT/scripts/build_gym07_env.sh"
 }
 
+setup_nemo_rl() {
+  "$ROOT/scripts/build_nemo_rl_env.sh" --gym pinned
+}
+
+setup_nemo_rl_gym04() {
+  "$ROOT/scripts/build_nemo_rl_env.sh" --gym 0.4.0
+}
+
 case "${1:-all}" in
   all)
     [ $# -le 1 ] || { log "error: one part at most (${PARTS[*]}), or none for all"; exit 2; }
@@ -97,7 +108,7 @@ case "${1:-all}" in
     done
     log "ready: uv run pytest tests/unit (CI's suite), uv run pytest -m 'not slow' tests/unit (the fast loop)"
     ;;
-  project | chromium | vllm | smollm2 | tau2-v1 | gym07)
+  project | chromium | vllm | smollm2 | tau2-v1 | gym07 | nemo-rl | nemo-rl-gym04)
     [ $# -eq 1 ] || { log "error: one part at most (${PARTS[*]}), or none for all"; exit 2; }
     "setup_${1//-/_}"
     ;;

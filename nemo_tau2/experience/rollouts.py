@@ -168,7 +168,7 @@ def turn_weight_versions(message_log: list[dict]) -> list[int]:
 # The agent's episode fields a RolloutResult takes under the same names (the row gives domain, task and sample; the
 # conversation id stays in the transcript; contiguity travels as its breaks and the message log it cuts).
 EPISODE_FIELDS = set(EpisodeData.model_fields) - {
-    "domain", "task_id", "sample_index", "conversation_id", "token_contiguity"
+    "domain", "task_id", "conversation_id", "token_contiguity"
 }  # fmt: skip
 
 

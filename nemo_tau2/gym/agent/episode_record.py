@@ -4,12 +4,21 @@ The agent server builds an :class:`EpisodeData` for every episode (played or fai
 the rollout side reads it back with :meth:`EpisodeData.from_response` (a missing or renamed field is an error, not a
 silent 0), carries the same field names onto ``RolloutResult`` and ``rollouts.jsonl``, and the metrics read those
 names again. Token contiguity is computed once, by the agent; the status is one enum, :class:`EpisodeStatus`.
+
+Every number at the top level of an answer is a metric (docs/nemo-rl.md lists them): NeMo-RL logs each numeric
+top-level key of a Gym result as ``<agent>/<key>/{mean,max,...}``. So identity stays out of them (the sample is the
+caller's: ``sample_index``/``_ng_rollout_index`` of its row, and the tail of ``conversation_id``), and the
+termination and the infrastructure failure are flags beside tau2's components (:func:`metric_flags`).
 """
 
 from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+#: The termination reasons an episode of this agent can end with (tau2's, both releases): one 0/1 flag each in every
+#: answer, ``termination_<reason>``, so that their means are the rates of each ending.
+TERMINATIONS = ("user_stop", "agent_stop", "max_steps", "too_many_errors", "agent_error", "user_error")
 
 
 class EpisodeStatus(StrEnum):
@@ -38,7 +47,6 @@ class EpisodeData(BaseModel):
     domain: str
     task_id: str
     tau2_version: str | None = Field(description="The tau2 release that seeded the episode (None: never seeded).")
-    sample_index: int
     conversation_id: str
     policy_model: str | None = Field(description="The model that played the policy (as its server names it).")
     error: str | None = Field(description="The infrastructure failure, when status is infrastructure_error.")
@@ -60,3 +68,11 @@ class EpisodeData(BaseModel):
     def from_response(cls, body: dict[str, Any]) -> "EpisodeData":
         """The episode fields of an agent's ``/run`` answer; raises if one is missing or malformed."""
         return cls.model_validate({name: body[name] for name in cls.model_fields if name in body})
+
+
+def metric_flags(data: EpisodeData) -> dict[str, bool]:
+    """What an answer adds to its record as 0/1 metrics, derived from it (never read back): ``infrastructure_error``
+    (the status) and ``termination_<reason>`` for each of :data:`TERMINATIONS` (all false for a failed episode)."""
+    return {"infrastructure_error": data.status == EpisodeStatus.INFRASTRUCTURE_ERROR} | {
+        f"termination_{reason}": data.termination_reason == reason for reason in TERMINATIONS
+    }

@@ -22,7 +22,7 @@ from nemo_tau2.gym.agent.conversation import (
     start_conversation,
     verify,
 )
-from nemo_tau2.gym.agent.episode_record import EpisodeData, EpisodeStatus, TokenContiguity
+from nemo_tau2.gym.agent.episode_record import EpisodeData, EpisodeStatus, TokenContiguity, metric_flags
 from nemo_tau2.gym.agent.resources_client import HttpTau2Session
 from nemo_tau2.gym.agent.turns import Turn, read_turn, with_last_token_ids_only
 from nemo_tau2.gym.agent.user_simulator import UserSimulator
@@ -158,7 +158,6 @@ class EpisodeOrchestrator:
             domain=state.domain,
             task_id=state.task_id,
             tau2_version=state.tau2_version,
-            sample_index=state.sample_index,
             conversation_id=state.conversation_id,
             policy_model=(state.last_policy_response or {}).get("model") or self.endpoints.policy,
             error=error,
@@ -178,7 +177,7 @@ class EpisodeOrchestrator:
             user_simulator=state.user_simulator.report(self.user.strategy, state.user_turns),
             timings={key: round(value, 6) for key, value in state.seconds.items()} | {"total": round(total_s, 6)},
         )
-        return data.model_dump(mode="json")
+        return data.model_dump(mode="json") | metric_flags(data)
 
     def _failure(self, state: EpisodeState, cause: str, total_s: float) -> dict:
         return self._episode_data(state, total_s, error=cause)

@@ -84,7 +84,11 @@ class HttpTau2Session:
         return response.text, response.headers.get(TOOL_ERROR_HEADER) == "1"
 
     async def verify(self, state: EpisodeState) -> dict:
-        extras = {key: value for key, value in state.row.items() if key not in ("responses_create_params",)}
+        # The row's fields go back in the answer (NeMo-Gym's convention), except its collector's private keys
+        # (NeMo-RL's _rowidx, NeMo-Gym's _ng_*): the collector holds the row and stamps what it needs on the result,
+        # and NeMo-RL would log each number among them as a metric.
+        extras = {key: value for key, value in state.row.items() if key[:1] != "_"}
+        del extras["responses_create_params"]
         response_object = final_response(state)
         # The reward needs no token ids: verify the transcript without them (a fraction of the bytes), then put the
         # full output back into the answer.

@@ -13,7 +13,6 @@ which ``uv sync`` has filled: the virtualenvs are then linked from it instead of
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +23,7 @@ import pytest
 
 from nemo_tau2.gym.launch import free_port
 from nemo_tau2.testing import start_fake_server
+from tests.unit.gym.cli_shell import clean_copy, shell_path, uv_cache_dir
 
 ROOT = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
@@ -37,35 +37,16 @@ GYM_ENV_START = [str(BIN / "gym"), "env", "start", *NG_RUN[1:]]  # the same serv
 START_TIMEOUT_S = 600
 
 
-def _clean_copy(destination: Path) -> Path:
-    """The repository's files as a fresh clone has them (tracked and not ignored; links kept as links)."""
-    listing = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=ROOT,
-        capture_output=True,
-        check=True,
-    )
-    for name in filter(None, listing.stdout.decode().split("\0")):
-        source = ROOT / name
-        if not source.exists() and not source.is_symlink():
-            continue  # deleted in the working tree, not committed yet
-        target = destination / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(source, target, follow_symlinks=False)
-    return destination
-
-
 def _cli_environment() -> dict[str, str]:
-    """The user's shell: the project's environment on PATH (``ng_run``, ``uv``) and the Python it was made from (the
-    one the user installed: NeMo-Gym asks uv for a venv of its own interpreter's version, and uv picks installed
-    interpreters, never another venv's), nothing else of ours."""
+    """The user's shell: the project's environment on PATH (``ng_run``, ``gym``), the real ``uv`` (not pyenv's shim,
+    which NeMo-Gym's servers cannot run from their folders: cli_shell) and the Python it was made from, nothing else
+    of ours."""
     ours = ("NEMO_GYM_", "VIRTUAL_ENV", "UV_RUN_RECURSION_DEPTH", "RAY_ENABLE_UV_RUN_RUNTIME_ENV", "PYTEST_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(ours) and k not in ("UV", "PYTHONPATH")}
-    installed_python = Path(sys._base_executable).parent
-    path = os.pathsep.join([str(BIN), str(Path(shutil.which("uv")).parent), str(installed_python), env["PATH"]])
+    env["PATH"] = shell_path(BIN)
     # A shell that ran `.ci/run` (or the README's `uv sync` with a chosen interpreter) has UV_PYTHON naming the base
     # Python: the servers' venvs must get their packages all the same.
-    env |= {"PATH": path, "UV_PYTHON": env.get("UV_PYTHON", sys._base_executable)}
+    env["UV_PYTHON"] = env.get("UV_PYTHON", sys._base_executable)
     # A Ray of its own, as docs/nemo-gym-cli.md says to start ng_run: else it joins whatever Ray runs on the machine
     # (here another test's cluster, whose end took the servers down mid-start)
     env["RAY_ADDRESS"] = "local"
@@ -102,10 +83,8 @@ def _wait_for_no_process(session_id: int, timeout_s: float) -> list[str]:
 @pytest.fixture(scope="module")
 def gym_copy(tmp_path_factory):
     """A clean copy with an ``env.yaml`` pointing both endpoints at a scripted fake server."""
-    if shutil.which("uv") is None:
-        pytest.fail("NeMo-Gym's ng_run builds each server's virtualenv with uv, which is not on PATH")
-    copy = _clean_copy(tmp_path_factory.mktemp("clone"))
-    uv_cache = subprocess.run(["uv", "cache", "dir"], capture_output=True, text=True, check=True).stdout.strip()
+    copy = clean_copy(tmp_path_factory.mktemp("clone"))
+    uv_cache = uv_cache_dir()
     with start_fake_server(mode="subprocess") as fake:
         (copy / "env.yaml").write_text(
             f"policy_base_url: {fake.base_url}\npolicy_api_key: EMPTY\npolicy_model_name: fake-model\n"
