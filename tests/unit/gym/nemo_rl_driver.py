@@ -54,12 +54,15 @@ def main() -> None:
     from nemo_rl.distributed.virtual_cluster import PY_EXECUTABLES
 
     ACTOR_ENVIRONMENT_REGISTRY["nemo_rl.environments.nemo_gym.NemoGym"] = PY_EXECUTABLES.SYSTEM
+    actors: dict[str, object] = {}  # one NemoGym actor per distinct Gym config and policy URL (as one NeMo-RL run has)
     try:
         for run in plan:
-            summaries[run["name"]] = _run(run["config"], run["policy_base_url"], run.get("overrides", []))
+            summaries[run["name"]] = _run(run["config"], run["policy_base_url"], run.get("overrides", []), actors)
             with open(args.out, "w") as f:  # written after each run: a later failure keeps what came before
                 json.dump(summaries, f)
     finally:
+        for actor in actors.values():
+            ray.get(actor.shutdown.remote())
         ray.shutdown()
 
 
@@ -85,7 +88,7 @@ def _missing_keys(config_path: str) -> list[str]:
     return sorted(keys(OmegaConf.to_container(load_config(reference))) - keys(OmegaConf.to_container(config)))
 
 
-def _run(config_path: str, policy_base_url: str, overrides: list[str]) -> dict:
+def _run(config_path: str, policy_base_url: str, overrides: list[str], actors: dict) -> dict:
     """One shipped config, as run_grpo_nemo_gym.py runs it: config to data, the Gym actor, its validation rows."""
     from nemo_rl.algorithms.grpo import MasterConfig
     from nemo_rl.algorithms.utils import get_tokenizer
@@ -110,15 +113,18 @@ def _run(config_path: str, policy_base_url: str, overrides: list[str]) -> dict:
     is_trajectory_collection = config.env["nemo_gym"].pop("is_trajectory_collection", False) or False
 
     started = time.monotonic()
-    nemo_gym = spinup_nemo_gym_actor(
-        config.env,
-        [policy_base_url],
-        config.policy["model_name"],
-        tokenizer=tokenizer,
-        enable_router_replay=False,
-        routed_experts_dtype="int16",
-        use_fastokens=False,
-    )
+    key = json.dumps([config.env["nemo_gym"], policy_base_url, config.policy["model_name"]], sort_keys=True)
+    if key not in actors:
+        actors[key] = spinup_nemo_gym_actor(
+            config.env,
+            [policy_base_url],
+            config.policy["model_name"],
+            tokenizer=tokenizer,
+            enable_router_replay=False,
+            routed_experts_dtype="int16",
+            use_fastokens=False,
+        )
+    nemo_gym = actors[key]
     summary: dict = {
         "spinup_s": round(time.monotonic() - started, 1),
         "is_trajectory_collection": is_trajectory_collection,
@@ -131,26 +137,22 @@ def _run(config_path: str, policy_base_url: str, overrides: list[str]) -> dict:
         val_dataset, batch_size=len(val_dataset), shuffle=False, collate_fn=rl_collate_fn, num_workers=0
     )
     generation_config = {**config.policy["generation"], "stop_token_ids": None, "stop_strings": None}
-    try:
-        for batch in loader:
-            if not is_trajectory_collection:
-                batch = batch.repeat_interleave(config.grpo.val_num_generations_per_prompt)
-            started = time.monotonic()
-            result = run_nemo_gym_rollout_sync(
-                policy_generation=_GenerationConfigOnly(config.policy["generation"]),
-                input_batch=batch,
-                tokenizer=tokenizer,
-                task_to_env={"nemo_gym": nemo_gym},
-                max_seq_len=config.policy["max_total_sequence_length"],
-                generation_config=generation_config,
-                log_full_result_tables=True,
-                max_rollout_turns=None,
-                greedy=False,
-            )
-            summary["batches"].append(_train_step_batch(result, config, tokenizer, time.monotonic() - started))
-    finally:
-        ray.get(nemo_gym.shutdown.remote())
-        ray.kill(nemo_gym)
+    for batch in loader:
+        if not is_trajectory_collection:
+            batch = batch.repeat_interleave(config.grpo.val_num_generations_per_prompt)
+        started = time.monotonic()
+        result = run_nemo_gym_rollout_sync(
+            policy_generation=_GenerationConfigOnly(config.policy["generation"]),
+            input_batch=batch,
+            tokenizer=tokenizer,
+            task_to_env={"nemo_gym": nemo_gym},
+            max_seq_len=config.policy["max_total_sequence_length"],
+            generation_config=generation_config,
+            log_full_result_tables=True,
+            max_rollout_turns=None,
+            greedy=False,
+        )
+        summary["batches"].append(_train_step_batch(result, config, tokenizer, time.monotonic() - started))
     return summary
 
 
