@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,12 @@ CONFIGS = [
     "responses_api_models/vllm_model/configs/vllm_model_for_training.yaml",
     "responses_api_agents/tau2_agent/configs/user_model.yaml",
 ]
+# NeMo-Gym 0.7.0 reaches agents only through environment servers: ours is declared (no deprecation), and 0.7.0 is run
+# as the release that will reject agents without one does
+ENVIRONMENT_SERVERS = tuple(int(part) for part in version("nemo-gym").split(".")[:2]) >= (0, 7)
+if ENVIRONMENT_SERVERS:
+    CONFIGS.append("responses_api_agents/tau2_agent/configs/environment_server.yaml")
+STRICT = ["+error_on_agent_without_environment_server=true"] if ENVIRONMENT_SERVERS else []
 NG_RUN = [str(BIN / "ng_run"), *(arg for path in CONFIGS for arg in ("--config", path))]
 GYM_ENV_START = [str(BIN / "gym"), "env", "start", *NG_RUN[1:]]  # the same servers through NeMo-Gym's newer CLI
 START_TIMEOUT_S = 600
@@ -128,7 +135,7 @@ def test_gym_validates_our_configs_and_names_a_missing_user_model():
 
 def test_ng_run_with_default_venvs_then_collect_rollouts_and_gym_eval_run(gym_copy):
     log = gym_copy / "ng_run.log"
-    ng_run = _start_servers(NG_RUN, gym_copy, log)
+    ng_run = _start_servers(NG_RUN, gym_copy, log, *STRICT)
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         while "servers ready!" not in log.read_text(errors="replace"):
@@ -137,6 +144,9 @@ def test_ng_run_with_default_venvs_then_collect_rollouts_and_gym_eval_run(gym_co
             time.sleep(1)
         for server in ("resources_servers/tau2", "responses_api_agents/tau2_agent"):
             assert (gym_copy / server / ".venv" / "bin" / "python").exists()  # NeMo-Gym built its own venv
+        started = log.read_text(errors="replace")
+        assert "agents without an environment server" not in started
+        assert ("All 5 / 5 servers ready" if ENVIRONMENT_SERVERS else "All 4 / 4 servers ready") in started
         (gym_copy / "results").mkdir()
         output = _run_cli(
             gym_copy,

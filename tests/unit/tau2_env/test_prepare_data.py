@@ -39,3 +39,18 @@ def test_prepare_data_names_each_skipped_mock_task_and_writes_the_rest(tmp_path)
     rows = [json.loads(line) for line in output.read_text().splitlines()]
     assert len(rows) == 7 and not {row["task_id"] for row in rows} & set(WITH_HISTORY)
     assert done.stdout.strip() == f"wrote 7 rows (mock 7) to {output}; 2 skipped (above)"
+
+
+def test_prepare_data_writes_the_tasks_asked_for_and_refuses_an_unknown_one_in_one_line(tmp_path):
+    def prepare(*arguments: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, str(ROOT / "examples/prepare_data.py"), "--output", str(tmp_path / "rows.jsonl")]
+        return subprocess.run([*command, *arguments], capture_output=True, text=True, timeout=300)
+
+    done = prepare("--domains", "airline,retail", "--split", "test", "--num-tasks", "2")
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    expected = [("airline", t.id) for t in domains.get_tasks("airline", "test")[:2]]
+    expected += [("retail", t.id) for t in domains.get_tasks("retail", "test")[:2]]
+    assert [(row["domain"], row["task_id"]) for row in rows] == expected
+    done = prepare("--domains", "airline", "--split", "test", "--task-ids", f"{expected[1][1]},no-such-task")
+    assert done.returncode == 2 and done.stderr.strip() == "error: --task-ids: not in the split: ['no-such-task']"

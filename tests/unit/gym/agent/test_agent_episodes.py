@@ -11,6 +11,7 @@ from nemo_tau2.tau2_env import domains
 from nemo_tau2.testing import PolicyScriptConfig, UserScriptConfig
 from nemo_tau2.testing.scripts import Turn, TurnListScript
 from tests.unit.gym.agent.conftest import say
+from tests.unit.gym.nemo_rl_client import METRIC_KEYS
 
 
 @pytest.mark.parametrize("domain", ["airline", "retail", "telecom"])
@@ -146,3 +147,17 @@ def test_a_rambling_user_model_is_cut_at_the_default_output_cap(fresh_stack):
     user_messages = [item["content"] for item in body["response"]["output"] if item.get("role") == "user"]
     assert len(user_messages[0].encode()) == 1024
     assert user_messages[-1] == "###STOP###"
+
+
+def test_every_number_in_an_answer_is_a_documented_metric_and_the_collectors_keys_stay_out(fresh_stack):
+    """NeMo-RL logs every numeric top-level key of a Gym result as a metric (docs/nemo-rl.md lists ours): the row's
+    private bookkeeping (NeMo-RL's _rowidx, NeMo-Gym's _ng_*) is not echoed back, and the ending is a flag."""
+    status, body = fresh_stack.run("airline", "11", _rowidx=7, _ng_task_index=3, _ng_rollout_index=1, split="test")
+    assert status == 200 and body["reward"] == 1.0
+    numbers = {key for key, value in body.items() if isinstance(value, (bool, int, float))}
+    assert numbers <= METRIC_KEYS, sorted(numbers - METRIC_KEYS)
+    assert not {"_rowidx", "_ng_task_index", "_ng_rollout_index", "sample_index"} & set(body)
+    assert body["split"] == "test"  # the row's own fields still come back (NeMo-Gym's convention)
+    flags = {key: value for key, value in body.items() if key.startswith("termination_") and isinstance(value, bool)}
+    assert flags == {key: key == "termination_user_stop" for key in flags} and len(flags) == 6
+    assert body["infrastructure_error"] is False
