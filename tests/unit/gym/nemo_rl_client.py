@@ -113,6 +113,7 @@ METRIC_KEYS = {
     "termination_agent_error", "termination_user_error",
     "num_turns", "num_user_turns", "num_steps", "num_tool_calls", "num_tool_errors", "num_truncated_generations",
     "prompt_tokens", "generation_tokens", "total_tokens",
+    "mask_sample",  # NeMo-Gym >= 0.7's own verify field (false: the reward is a valid measurement)
 }  # fmt: skip
 
 
@@ -121,7 +122,7 @@ def check_metric_keys(batch: dict) -> None:
         numeric = set(episode["numeric_keys"])
         assert numeric <= METRIC_KEYS, f"noise among NeMo-RL's metrics: {sorted(numeric - METRIC_KEYS)}"
         always = METRIC_KEYS - {"db_match", "env_assertion_fraction", "communicate_fraction",
-                                "action_match_fraction", "write_action_match_fraction"}  # fmt: skip
+                                "action_match_fraction", "write_action_match_fraction", "mask_sample"}  # fmt: skip
         assert always <= numeric, f"missing from NeMo-RL's metrics: {sorted(always - numeric)}"
     names = set(batch["rollout_metric_names"])
     logged = {f"tau2_agent/{key}/mean" for key in ("reward", "termination_user_stop", "infrastructure_error")}
