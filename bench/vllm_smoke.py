@@ -87,7 +87,9 @@ def _perturbed(served: Path, target: Path) -> str:
 
 def _greedy_logprobs(base_url: str, model: str) -> list[float]:
     body = {"model": model, "messages": PROMPT, "max_tokens": 16, "temperature": 0.0, "top_p": 1.0}
-    status, response = call_json("POST", f"{base_url}/chat/completions", body | {"logprobs": True, "top_logprobs": 0})
+    status, response = call_json(
+        "POST", f"{base_url}/chat/completions", body | {"logprobs": True, "top_logprobs": 0}, timeout_s=300
+    )
     assert status == 200, response
     return [entry["logprob"] for entry in response["choices"][0]["logprobs"]["content"]]
 
@@ -98,7 +100,7 @@ def _engine_reload(root: str, folder: str) -> None:
         ("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": folder}}),
         ("/reset_prefix_cache", {}),
     ):
-        status, answer = call_json("POST", f"{root}{path}", body)
+        status, answer = call_json("POST", f"{root}{path}", body, timeout_s=300)
         assert status == 200, answer
 
 

@@ -41,6 +41,13 @@ class EvalSettings(_Strict):
     verifier: Literal["exact_match", "contains"] | None = Field(
         default=None, description="single_turn only: how a generation is scored against the row's answer."
     )
+    request_timeout_s: float = Field(
+        default=3600.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="single_turn only: the wait for one completion from the policy's endpoint, connect to last "
+        "byte (a long generation on a loaded server takes minutes).",
+    )
 
     @model_validator(mode="after")
     def _k_within_n(self) -> "EvalSettings":

@@ -43,7 +43,8 @@ async def _generate_all(cfg: EvalMasterConfig, base_url: str, model: str, api_ke
     generation = cfg.policy.generation
     gate = asyncio.Semaphore(cfg.eval.max_concurrency)
     headers = {"Authorization": f"Bearer {api_key}"}
-    async with aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=3600)) as http:
+    timeout = aiohttp.ClientTimeout(total=cfg.eval.request_timeout_s)
+    async with aiohttp.ClientSession(headers=headers, timeout=timeout) as http:
 
         async def one(domain: str, index: int, sample: int, messages: list[dict], answer: Any) -> None:
             body = {

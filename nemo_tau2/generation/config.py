@@ -174,6 +174,13 @@ class GenerationConfig(_Strict):
     top_k: int | None = Field(default=None, description="Must stay null for OpenAI-compatible endpoints.")
     stop_token_ids: list[int] | None = None
     stop_strings: list[str] | None = None
+    update_weights_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="The wait for a weight update (hf subprocess and vLLM: pause, reload the checkpoint, resume) "
+        "per replica and step; the GPU recipes load several GB from disk.",
+    )
     vllm_cfg: VllmConfig | None = None
     hf_cfg: HfConfig | None = None
     llamacpp_cfg: LlamacppConfig | None = None

@@ -138,11 +138,11 @@ def _spawn(command: list[str], *, name: str, host: str, port: int, timeout_s: fl
     return process
 
 
-def _post_update(root: str, checkpoint_dir: str, weight_version: int | None) -> int:
+def _post_update(root: str, checkpoint_dir: str, weight_version: int | None, timeout_s: float) -> int:
     body = json.dumps({"checkpoint_dir": os.path.abspath(checkpoint_dir), "weight_version": weight_version}).encode()
     request = urllib.request.Request(f"{root}/update_weights", data=body, headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=600) as response:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return int(json.loads(response.read())["weight_version"])
     except urllib.error.HTTPError as e:
         raise ValueError(f"update_weights failed: {json.loads(e.read()).get('message')}") from e
@@ -209,7 +209,9 @@ def _start_hf_subprocess(cfg: GenerationConfig, hf_cfg: HfConfig) -> GenerationH
         base_urls=[f"{root}/v1"],
         model_name=cfg.model_name,
         stop=process.stop,
-        load_checkpoint=lambda path, version, _recompute_kv: _post_update(root, path, version),
+        load_checkpoint=lambda path, version, _recompute_kv: _post_update(
+            root, path, version, cfg.update_weights_timeout_s
+        ),
     )
 
 

@@ -47,7 +47,7 @@ class SurfaceReport:
 
 
 def call_json(
-    method: str, url: str, body: dict[str, Any] | None = None, *, api_key: str = "EMPTY", timeout_s: float = 300.0
+    method: str, url: str, body: dict[str, Any] | None = None, *, timeout_s: float, api_key: str = "EMPTY"
 ) -> tuple[int, Any]:
     """One HTTP call with a JSON body; returns (status, decoded JSON or text) for any status."""
     data = None if body is None else json.dumps(body).encode()

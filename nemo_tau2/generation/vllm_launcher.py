@@ -314,7 +314,6 @@ class VllmReplicas:
         weight_version: int | None = None,
         *,
         reset_prefix_cache: bool = True,
-        timeout_s: float = 600.0,
     ) -> int:
         """Serve the weights of a ``save_pretrained`` folder on every replica, in place; returns the new version
         (``weight_version``, the label every completion of these weights reports, or one more than the last).
@@ -324,6 +323,7 @@ class VllmReplicas:
             WeightUpdateError: The folder was refused before anything was sent (the old weights keep serving), or
                 a replica failed while loading it (every replica is then stopped: see the module docstring).
         """
+        timeout_s = self.cfg.update_weights_timeout_s
         path = os.path.abspath(checkpoint_dir)
         layout = self.check_checkpoint(path)
         version = self.weight_version + 1 if weight_version is None else weight_version

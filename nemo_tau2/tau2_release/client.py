@@ -64,7 +64,7 @@ def release_python(config: Tau2ReleaseConfig) -> str:
 class Tau2Worker:
     """One worker process of the configured tau2 release. Use as a context manager, or call :meth:`close`."""
 
-    def __init__(self, config: Tau2ReleaseConfig, start_timeout_s: float = 300.0, stderr: Any = None):
+    def __init__(self, config: Tau2ReleaseConfig, stderr: Any = None):
         if config.version == "v0.2.1":
             raise ValueError("tau2.version v0.2.1 is the project's own environment; it needs no worker")
         self.config = config
@@ -84,7 +84,7 @@ class Tau2Worker:
         self._next_id = 0
         self._answers = self._process.stdout.fileno()  # read by os.read: select() sees what no buffer holds
         self._pending = bytearray()
-        ready = self._read_line(start_timeout_s, "starting")
+        ready = self._read_line(config.start_timeout_s, "starting")
         expected = config.version.removeprefix("v")
         if ready.get("tau2_version") != expected:
             self.close()

@@ -41,6 +41,13 @@ class Tau2ReleaseConfig(BaseModel):
         "null: $NEMO_TAU2_TAU2_V1_PYTHON.",
     )
     judge: NLJudgeConfig = Field(default_factory=NLJudgeConfig, description="v1.0.1's NL-assertion judge.")
+    start_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="v1.0.1: the wait for a worker of the release to import tau2 and say it is ready (seconds on an "
+        "idle core; minutes on a loaded one).",
+    )
     warm_gold: bool = Field(
         default=True,
         description="v1.0.1: when an episode is seeded, the scoring worker has tau2 hash the task's gold DB in a "

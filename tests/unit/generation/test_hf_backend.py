@@ -16,13 +16,15 @@ from tests.forward_logprobs import forward_logprobs
 
 from .conftest import TOOL_PROMPT, TOOL_REPLY, hf_config
 
+CALL_TIMEOUT_S = 300  # one call to a CPU server on a busy machine (call_json asks for its wait)
+
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello! How can I help you today?"}]
 
 
 def _chat(handle, messages, **fields):
     body = {"model": handle.model_name, "messages": messages, "logprobs": True, "top_logprobs": 0}
     body |= {"return_tokens_as_token_ids": True} | fields
-    status, response = call_json("POST", f"{handle.base_urls[0]}/chat/completions", body)
+    status, response = call_json("POST", f"{handle.base_urls[0]}/chat/completions", body, timeout_s=CALL_TIMEOUT_S)
     assert status == 200, response
     return response
 
@@ -54,9 +56,9 @@ def test_sampled_token_ids_detokenize_to_the_returned_text(hf_handle, taught_tin
     content = response["choices"][0]["message"]["content"] or ""
     assert taught_tiny.tokenizer.decode(generated, skip_special_tokens=True) == content
     root = hf_handle.base_urls[0].removesuffix("/v1")
-    status, detok = call_json("POST", f"{root}/detokenize", {"tokens": generated})
+    status, detok = call_json("POST", f"{root}/detokenize", {"tokens": generated}, timeout_s=CALL_TIMEOUT_S)
     assert status == 200 and detok["prompt"] == taught_tiny.tokenizer.decode(generated)
-    status, tok = call_json("POST", f"{root}/tokenize", {"prompt": detok["prompt"]})
+    status, tok = call_json("POST", f"{root}/tokenize", {"prompt": detok["prompt"]}, timeout_s=CALL_TIMEOUT_S)
     assert status == 200 and tok["tokens"] == taught_tiny.tokenizer(detok["prompt"]).input_ids
 
 
@@ -113,12 +115,17 @@ def test_update_weights_rejects_a_state_dict_of_another_shape_and_changes_nothin
 
 def test_forced_tool_choice_is_refused_without_constrained_decoding(hf_handle):
     body = {"messages": TOOL_PROMPT, "tools": [WEATHER_TOOL], "tool_choice": "required"}
-    status, error = call_json("POST", f"{hf_handle.base_urls[0]}/chat/completions", body)
+    status, error = call_json("POST", f"{hf_handle.base_urls[0]}/chat/completions", body, timeout_s=CALL_TIMEOUT_S)
     assert status == 400 and "tool_choice" in error["message"] and error["object"] == "error"
 
 
 def test_wrong_model_name_is_404_naming_the_served_model(hf_handle):
-    status, error = call_json("POST", f"{hf_handle.base_urls[0]}/chat/completions", {"model": "x", "messages": CHAT})
+    status, error = call_json(
+        "POST",
+        f"{hf_handle.base_urls[0]}/chat/completions",
+        {"model": "x", "messages": CHAT},
+        timeout_s=CALL_TIMEOUT_S,
+    )
     assert status == 404 and "`tiny`" in error["message"]
 
 
@@ -148,7 +155,9 @@ def test_shutdown_stops_the_server_and_frees_its_port(taught_tiny):
 def test_a_failing_engine_is_a_500_in_the_error_shape_not_a_hang(taught_tiny):
     with start_generation(hf_config(), model=copy.deepcopy(taught_tiny.model), tokenizer=taught_tiny.tokenizer) as h:
         h.engine.close()
-        status, error = call_json("POST", f"{h.base_urls[0]}/chat/completions", {"messages": CHAT, "max_tokens": 2})
+        status, error = call_json(
+            "POST", f"{h.base_urls[0]}/chat/completions", {"messages": CHAT, "max_tokens": 2}, timeout_s=CALL_TIMEOUT_S
+        )
         assert status == 500 and error["object"] == "error" and "model backend failed" in error["message"]
 
 

@@ -10,6 +10,8 @@ from nemo_tau2.generation.tiny_model import WEATHER_TOOL, build_tiny_model
 
 from .conftest import TOOL_PROMPT, hf_config
 
+CALL_TIMEOUT_S = 300  # one call to a CPU server on a busy machine (call_json asks for its wait)
+
 
 def processes_with_port(port: int) -> list[int]:
     """Pids whose command line has ``--port <port>`` (how our launchers pass it)."""
@@ -26,7 +28,7 @@ def processes_with_port(port: int) -> list[int]:
 
 def _greedy_tool_calls(handle):
     body = {"messages": TOOL_PROMPT, "tools": [WEATHER_TOOL], "temperature": 0.0, "max_tokens": 40}
-    status, response = call_json("POST", f"{handle.base_urls[0]}/chat/completions", body)
+    status, response = call_json("POST", f"{handle.base_urls[0]}/chat/completions", body, timeout_s=CALL_TIMEOUT_S)
     assert status == 200, response
     return response["choices"][0]["message"]["tool_calls"]
 

@@ -15,6 +15,8 @@ from nemo_tau2.tau2_env import domains
 from .conftest import TOOL_PROMPT
 from .test_hf_subprocess import processes_with_port
 
+CALL_TIMEOUT_S = 300  # one call to a CPU server on a busy machine (call_json asks for its wait)
+
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("xllamacpp") is None, reason="needs the llamacpp extra (uv sync --extra llamacpp)"
 )
@@ -33,13 +35,17 @@ def test_llamacpp_passes_the_surface_check_with_a_constrained_tool_call(llamacpp
 def test_generated_ids_are_llamacpps_and_detokenize_to_the_text(llamacpp_handle):
     root = llamacpp_handle.base_urls[0].removesuffix("/v1")
     body = {"messages": TOOL_PROMPT, "max_tokens": 24, "temperature": 0.0, "logprobs": True, "top_logprobs": 1}
-    status, response = call_json("POST", f"{llamacpp_handle.base_urls[0]}/chat/completions", body)
+    status, response = call_json(
+        "POST", f"{llamacpp_handle.base_urls[0]}/chat/completions", body, timeout_s=CALL_TIMEOUT_S
+    )
     assert status == 200, response
     choice = response["choices"][0]
-    status, text = call_json("POST", f"{root}/detokenize", {"tokens": choice["token_ids"]})
+    status, text = call_json("POST", f"{root}/detokenize", {"tokens": choice["token_ids"]}, timeout_s=CALL_TIMEOUT_S)
     end = "<|im_end|>" if choice["finish_reason"] == "stop" else ""
     assert status == 200 and text["prompt"] == (choice["message"]["content"] or "") + end
-    status, rendered = call_json("POST", f"{root}/detokenize", {"tokens": response["prompt_token_ids"]})
+    status, rendered = call_json(
+        "POST", f"{root}/detokenize", {"tokens": response["prompt_token_ids"]}, timeout_s=CALL_TIMEOUT_S
+    )
     assert rendered["prompt"].endswith("What is the weather in Paris?<|im_end|>\n<|im_start|>assistant\n")
     entries = choice["logprobs"]["content"]
     # greedy: each chosen token is the most likely one of the raw distribution llama.cpp reports
@@ -70,7 +76,9 @@ def test_a_tool_with_nested_models_is_constrained_on_the_server(llamacpp_handle)
     book = _airline_tool("book_reservation")
     messages = [{"role": "user", "content": "Book flight HAT001 on 2024-05-20 for me."}]
     body = {"messages": messages, "tools": [book], "tool_choice": "required", "max_tokens": 24, "temperature": 1.0}
-    status, response = call_json("POST", f"{llamacpp_handle.base_urls[0]}/chat/completions", body | {"seed": 0})
+    status, response = call_json(
+        "POST", f"{llamacpp_handle.base_urls[0]}/chat/completions", body | {"seed": 0}, timeout_s=CALL_TIMEOUT_S
+    )
     assert status == 200, response
     message = response["choices"][0]["message"]
     text = message["content"] or json.dumps(message["tool_calls"])

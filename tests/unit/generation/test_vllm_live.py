@@ -34,6 +34,8 @@ from tests.vllm_env import vllm_python
 from .conftest import TOOL_PROMPT
 from .vllm_episodes import TASKS, mock_episodes
 
+CALL_TIMEOUT_S = 300  # one call to a CPU server on a busy machine (call_json asks for its wait)
+
 PERTURBED = "model.layers.3.mlp.down_proj.weight"
 TIED = "model.embed_tokens.weight"  # SmolLM2 ties lm_head to it: vLLM's CPU reload alone leaves lm_head stale
 PROMPT = [{"role": "user", "content": "Name three colours of the rainbow."}]
@@ -72,7 +74,7 @@ def vllm(model_dir, tmp_path_factory):
 def _greedy(handle, max_tokens: int = 12) -> dict:
     body = {"model": handle.model_name, "messages": PROMPT, "max_tokens": max_tokens, "temperature": 0.0}
     body |= {"logprobs": True, "return_token_ids": True}
-    status, response = call_json("POST", f"{handle.base_urls[0]}/chat/completions", body)
+    status, response = call_json("POST", f"{handle.base_urls[0]}/chat/completions", body, timeout_s=CALL_TIMEOUT_S)
     assert status == 200, response
     return response
 
@@ -287,7 +289,7 @@ def test_malformed_token_ids_are_a_400_naming_the_field_and_the_server_keeps_ser
     assistant |= {k: v for k, v in edit.items() if k not in extra}
     messages = [*PROMPT, assistant, {"role": "user", "content": "And one more?"}]
     body = {"model": vllm.model_name, "messages": messages, "max_tokens": 4} | extra
-    status, answer = call_json("POST", url, body)
+    status, answer = call_json("POST", url, body, timeout_s=CALL_TIMEOUT_S)
     assert status == 400, answer
     assert answer["error"]["param"] == field and field in answer["error"]["message"]
     assert _greedy(vllm, max_tokens=4)["choices"][0]["token_ids"] == first["choices"][0]["token_ids"]
@@ -299,17 +301,21 @@ def test_max_tokens_is_clamped_to_the_room_left_and_a_full_context_is_a_context_
     words = 1000
     for _ in range(3):  # a prompt that leaves less than 100 tokens of the 4096 (stock vLLM: 400 for max_tokens 1000)
         messages = [{"role": "user", "content": "colour " * words}]
-        status, tokens = call_json("POST", f"{root}/tokenize", {"model": vllm.model_name, "messages": messages})
+        status, tokens = call_json(
+            "POST", f"{root}/tokenize", {"model": vllm.model_name, "messages": messages}, timeout_s=CALL_TIMEOUT_S
+        )
         room = 4096 - len(tokens["tokens"])
         if 0 < room < 100:
             break
         words = int(words * (4096 - 60) / len(tokens["tokens"]))
     assert 0 < room < 100, room
     body = {"model": vllm.model_name, "messages": messages, "max_tokens": 1000, "temperature": 0.0}
-    status, answer = call_json("POST", url, body)
+    status, answer = call_json("POST", url, body, timeout_s=CALL_TIMEOUT_S)
     assert status == 200 and answer["usage"]["completion_tokens"] <= room, answer
     long = [{"role": "user", "content": "colour " * 5000}]
-    status, answer = call_json("POST", url, {"model": vllm.model_name, "messages": long, "max_tokens": 8})
+    status, answer = call_json(
+        "POST", url, {"model": vllm.model_name, "messages": long, "max_tokens": 8}, timeout_s=CALL_TIMEOUT_S
+    )
     assert status == 400 and "maximum context length" in answer["error"]["message"]
 
 

@@ -12,6 +12,8 @@ from nemo_tau2.gym.episode_config import NemoGymEnvConfig
 from nemo_tau2.tau2_env.gym_rows import task_row
 from tests.replica_proxy import ReplicaProxy
 
+CALL_TIMEOUT_S = 300  # one call to a CPU server on a busy machine (call_json asks for its wait)
+
 TASKS = ("update_task_1", "create_task_1", "impossible_task_1")
 
 
@@ -60,7 +62,9 @@ def mock_episodes(
 ) -> MockRun:
     """Run the mock tasks through proxies in front of ``vllm``'s replicas (prefix caches reset first)."""
     for base_url in vllm.base_urls:
-        status, answer = call_json("POST", base_url.removesuffix("/v1") + "/reset_prefix_cache", {})
+        status, answer = call_json(
+            "POST", base_url.removesuffix("/v1") + "/reset_prefix_cache", {}, timeout_s=CALL_TIMEOUT_S
+        )
         assert status == 200, answer
     proxies = [ReplicaProxy(url, strip_token_ids=strip_token_ids) for url in vllm.base_urls]
     try:

@@ -10,6 +10,8 @@ from nemo_tau2.models.policy import sequence_from_message_log
 
 from .conftest import NO_KL, make_policy, make_sequences, with_prev_logprobs
 
+CALL_TIMEOUT_S = 300  # one call to a CPU server on a busy machine (call_json asks for its wait)
+
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is the weather in Paris?"}]
 
 
@@ -19,7 +21,7 @@ def _sample_turn(handle, seed: int) -> list[dict]:
         "model": handle.model_name, "messages": CHAT, "max_tokens": 12, "seed": seed,
         "logprobs": True, "top_logprobs": 0, "return_tokens_as_token_ids": True,
     }  # fmt: skip
-    status, response = call_json("POST", f"{handle.base_urls[0]}/chat/completions", body)
+    status, response = call_json("POST", f"{handle.base_urls[0]}/chat/completions", body, timeout_s=CALL_TIMEOUT_S)
     assert status == 200, response
     choice = response["choices"][0]
     return [

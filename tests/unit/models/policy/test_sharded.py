@@ -22,6 +22,8 @@ from nemo_tau2.models.policy.lm_policy import Policy
 from .conftest import NO_KL, make_sequences, policy_config, with_prev_logprobs
 from .test_training import assert_same_weights, perturbed
 
+CALL_TIMEOUT_S = 300  # one call to a CPU server on a busy machine (call_json asks for its wait)
+
 SHARDED = {"enabled": True, "activation_checkpointing": True}
 OPTIMIZER = {"name": "torch.optim.SGD", "kwargs": {"lr": 0.5, "momentum": 0.9}}  # state to checkpoint, no Adam noise
 WARMUP = [{"name": "torch.optim.lr_scheduler.LinearLR", "kwargs": {"start_factor": 0.5, "total_iters": 4}}]
@@ -85,7 +87,7 @@ def _sample(handle, seed: int) -> tuple[list[int], list[float]]:
         "model": "tiny", "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
         "max_tokens": 8, "seed": seed, "logprobs": True, "top_logprobs": 0,
     }  # fmt: skip
-    status, response = call_json("POST", f"{handle.base_urls[0]}/chat/completions", body)
+    status, response = call_json("POST", f"{handle.base_urls[0]}/chat/completions", body, timeout_s=CALL_TIMEOUT_S)
     assert status == 200, response
     choice = response["choices"][0]
     return choice["token_ids"], [entry["logprob"] for entry in choice["logprobs"]["content"]]

@@ -14,6 +14,8 @@ from nemo_tau2.models.policy.weights import iter_full_state_dict, write_safetens
 
 from .conftest import NO_KL, make_policy, make_sequences, weights, with_prev_logprobs
 
+CALL_TIMEOUT_S = 300  # one call to a CPU server on a busy machine (call_json asks for its wait)
+
 HF = GenerationConfig(backend="hf", model_name="tiny", temperature=1.0, top_p=1.0, hf_cfg={})
 
 
@@ -36,7 +38,7 @@ def test_streamed_safetensors_shards_load_in_transformers_with_tied_embeddings(t
 
 def _chat(handle) -> tuple[int, dict]:
     body = {"model": "tiny", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 3, "seed": 1}
-    return call_json("POST", f"{handle.base_urls[0]}/chat/completions", body)
+    return call_json("POST", f"{handle.base_urls[0]}/chat/completions", body, timeout_s=CALL_TIMEOUT_S)
 
 
 def test_the_hf_engine_checks_a_stream_before_copying_and_refuses_to_serve_a_torn_update(tiny):
