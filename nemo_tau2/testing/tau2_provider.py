@@ -4,6 +4,7 @@ policy side per :class:`PolicyScriptConfig` (the oracle or a variant), the user 
 import functools
 from collections import OrderedDict
 
+from nemo_tau2.testing.release_tasks import load_release_tasks
 from nemo_tau2.testing.scripts import Script, ScriptError, TurnListScript
 from nemo_tau2.testing.tau2_scripts import (
     PolicyScriptConfig,
@@ -26,6 +27,18 @@ class Tau2ScriptProvider:
         self.config = config or Tau2ScriptsConfig()
         self._reviewers: OrderedDict[tuple[str, UserScriptConfig], ScriptedReviewer] = OrderedDict()
         self._max_reviewers = max_reviewers
+
+    @property
+    def config(self) -> Tau2ScriptsConfig:
+        return self._config
+
+    @config.setter
+    def config(self, config: Tau2ScriptsConfig) -> None:
+        # a later release's tasks: read before any script is built from them, and scripts of the tasks they replace
+        if config.release_tasks is not None and load_release_tasks(config.release_tasks):
+            policy_turns.cache_clear()
+            _scripted_user.cache_clear()
+        self._config = config
 
     def script_for(self, key: str) -> Script | None:
         parsed = Tau2Key.parse(key)

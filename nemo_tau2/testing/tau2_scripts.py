@@ -7,9 +7,9 @@ the left and two from the right.
 - **Oracle policy**: per gold action in order, an assistant action becomes a tool call turn and a user action a
   text turn asking for it with a machine-readable marker (:func:`device_action_request`); then a closing text with
   every ``communicate_info`` string verbatim that asks whether there is anything else.
-- **Scripted user**: states the request from the scenario, performs a marked device action as a tool call, says
-  "Done." after the tool result, and ends (``###STOP###`` by default) when the agent closes or after an
-  unrecognised request.
+- **Scripted user**: states the request from the scenario, performs a marked device action as a tool call (one its
+  request offers), says "Done." after the tool result, and ends (``###STOP###`` by default) when the agent closes
+  or after an unrecognised request.
 - **User strategies**: react-formatted messages when the user's system prompt asks for them, ``user_check`` and
   ``user_reflect`` calls answered in their formats (:class:`UserScriptConfig` ``failed_checks``, ``unformatted``).
 - **Variants** (:class:`PolicyScriptConfig`): ``do_nothing`` closes at once, ``wrong_argument`` corrupts one
@@ -31,13 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import nemo_tau2.testing.chat_tokens as chat_tokens
 from nemo_tau2.gym.agent import user_strategies as strategies
-from nemo_tau2.testing.scripts import (
-    DEFAULT_CLOSING_TEXT,
-    ScriptError,
-    ScriptRequest,
-    Turn,
-    WhenExhausted,
-)
+from nemo_tau2.testing.scripts import DEFAULT_CLOSING_TEXT, ScriptError, ScriptRequest, Turn, WhenExhausted
 
 if TYPE_CHECKING:
     from tau2.data_model.tasks import Task
@@ -147,6 +141,7 @@ class Tau2ScriptsConfig(BaseModel):
 
     policy: PolicyScriptConfig = PolicyScriptConfig()
     user: UserScriptConfig = UserScriptConfig()
+    release_tasks: str | None = Field(None, description="a later release's tasks, played instead (release_tasks.py)")
 
 
 # ======================================================================================================== oracle
@@ -272,7 +267,10 @@ def policy_turns(domain: str, task_id: str, variant: str) -> tuple[Turn, ...]:
 
 def task_of(domain: str, task_id: str) -> "Task":
     from nemo_tau2.tau2_env import domains
+    from nemo_tau2.testing.release_tasks import release_task
 
+    if (task := release_task(domain, task_id)) is not None:
+        return task
     try:
         return domains.get_task(domain, task_id)
     except ValueError as e:  # UnknownDomainError, UnknownTaskError
@@ -288,12 +286,9 @@ class ScriptedUser:
     token_consistent = True
 
     def __init__(self, domain: str, task: "Task", config: UserScriptConfig) -> None:
-        from nemo_tau2.tau2_env import domains
-
         self.config = config
         self.opening = opening_text(task)
         self.known_info = _instruction_field(task, "known_info")
-        self.device_tools = domains.user_tool_names(domain)
 
     def respond(self, request: ScriptRequest) -> Turn:
         turn = self._respond(request)
@@ -318,7 +313,7 @@ class ScriptedUser:
         action = parse_device_action(agent_text)
         if isinstance(action, tuple):
             name, arguments = action
-            if name in self.device_tools:
+            if name in _offered_tools(request):
                 return Turn.call(name, arguments)
             return Turn.say(f"I can't do {name!r} on my phone. {self.config.ending}")
         if isinstance(action, str):
@@ -339,6 +334,11 @@ class ScriptedUser:
             return Turn.say(self.config.ending)
         known = f" What I know: {self.known_info}" if self.known_info else ""
         return Turn.say(f"{UNRECOGNISED_PREFIX}{known}")
+
+
+def _offered_tools(request: ScriptRequest) -> set[str]:
+    """The user's device tools: those its request offers (the episode's, as the resources server seeded them)."""
+    return {(tool.get("function") or tool).get("name") for tool in request.tools or ()}
 
 
 def _own_message(text: str) -> str:

@@ -90,8 +90,19 @@ def _user(config: UserScriptConfig | None = None) -> ScriptedUser:
     return ScriptedUser("telecom", TELECOM_TASK, config or UserScriptConfig())
 
 
-def _respond(user: ScriptedUser, messages: list[dict], turn_index: int = 1) -> Turn:
-    return user.respond(ScriptRequest("k", [{"role": "system", "content": "s"}, *messages], None, turn_index))
+def _respond(user: ScriptedUser, messages: list[dict], turn_index: int = 1, tools: list[dict] | None = None) -> Turn:
+    """As the agent asks the user's model: the episode's user tools offered (telecom's device tools by default)."""
+    offered = TELECOM_USER_TOOLS if tools is None else tools
+    return user.respond(ScriptRequest("k", [{"role": "system", "content": "s"}, *messages], offered, turn_index))
+
+
+TELECOM_USER_TOOLS = [{"type": "function", "function": {"name": name}} for name in domains.user_tool_names("telecom")]
+
+
+def test_scripted_user_calls_only_a_tool_its_request_offers():
+    ask = [{"role": "user", "content": device_action_request("toggle_wifi", {})}]
+    assert _respond(_user(), ask) == Turn.call("toggle_wifi", {})
+    assert _respond(_user(), ask, tools=[]).text == "I can't do 'toggle_wifi' on my phone. ###STOP###"
 
 
 def test_scripted_user_opens_with_the_reason_for_calling():

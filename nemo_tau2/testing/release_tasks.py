@@ -1,0 +1,46 @@
+"""Tasks of a later tau2 release for the fake server's scripts (the oracle's gold actions, the scripted user's
+scenario): its own serialisation of them, read from a file, for domains v0.2.1 does not have (banking_knowledge,
+telecom-workflow) or whose gold the release changed.
+
+The file is what a release's worker lists (``Tau2Worker.request("tasks", domain=..., split=None)``), as
+``{domain: [task, ...]}``: ``write_release_tasks`` writes it. The tasks are read with v0.2.1's ``Task`` model (the
+fields the scripts use are the same; the release's additions are ignored). Tasks read here replace v0.2.1's of the
+same domain and id, for the rest of the process.
+"""
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tau2.data_model.tasks import Task
+
+_tasks: dict[tuple[str, str], "Task"] = {}
+_loaded: set[str] = set()
+
+
+def load_release_tasks(path: str | Path) -> bool:
+    """Read ``path`` (once per path) and serve its tasks from now on; True when it was new (scripts built from the
+    tasks it replaces must be built again)."""
+    path = str(Path(path).resolve())
+    if path in _loaded:
+        return False
+    from tau2.data_model.tasks import Task
+
+    data = json.loads(Path(path).read_text())
+    if not isinstance(data, dict) or not all(isinstance(tasks, list) for tasks in data.values()):
+        raise ValueError(f"{path}: expected {{domain: [task, ...]}} as a tau2 release's worker lists its tasks")
+    for domain, tasks in data.items():
+        for task in tasks:
+            _tasks[(domain, str(task["id"]))] = Task.model_validate(task)
+    _loaded.add(path)
+    return True
+
+
+def release_task(domain: str, task_id: str) -> "Task | None":
+    return _tasks.get((domain, str(task_id)))
+
+
+def write_release_tasks(path: str | Path, tasks_by_domain: dict[str, list[dict[str, Any]]]) -> Path:
+    Path(path).write_text(json.dumps(tasks_by_domain))
+    return Path(path)
