@@ -4,6 +4,7 @@ uv run examples/prepare_data.py --domains airline,retail,telecom --split train
 uv run examples/prepare_data.py --domains airline,retail,telecom --split test --output data/tau2_test.jsonl
 uv run examples/prepare_data.py --split train tau2.version=v1.0.1     # the leaderboard's release (its worker)
 uv run examples/prepare_data.py --split test --num-tasks 2 --output data/tau2/smoke.jsonl   # the first 2 per domain
+uv run examples/prepare_data.py --domains banking_knowledge --split base tau2.version=v1.0.1 # its 97 tasks (bm25_grep)
 
 The release is chosen by the same ``tau2`` keys as a run's config (``tau2.version``, ``tau2.python``); rows of
 v1.0.1 come from that release through its worker and carry ``tau2_version``.
@@ -16,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 import nemo_tau2  # noqa: F401  (offline settings before tau2 loads)
-from nemo_tau2.tau2_env import domains
+from nemo_tau2.tau2_env import domain_problem, domains
 from nemo_tau2.tau2_env.gym_rows import DEFAULT_AGENT_NAME, split_rows
 from nemo_tau2.tau2_release.client import Tau2WorkerError
 from nemo_tau2.tau2_release.config import release_from_overrides
@@ -55,6 +56,9 @@ def main() -> None:
     try:
         tau2 = release_from_overrides(args.tau2)
         domain_names = [name.strip() for name in args.domains.split(",") if name.strip()]
+        for domain in domain_names:
+            if (problem := domain_problem(domain, tau2.version)) is not None:
+                raise ValueError(f"--domains: {problem}")
         skipped: list[tuple[str, str, str]] = []
         task_ids = [task_id.strip() for task_id in args.task_ids.split(",")] if args.task_ids else None
         if args.num_tasks is not None and args.num_tasks < 1:

@@ -56,7 +56,7 @@ ORIGIN="${SOURCE:-$REPO_URL@$VERSION}"
 # checkouts with their own --source would otherwise rebuild one shared folder under each other's running tests.
 ORIGIN_KEY="$(printf '%s' "$ORIGIN" | sha256sum | cut -c1-8)"
 ENV_DIR="${NEMO_TAU2_TAU2_ENV:-${XDG_CACHE_HOME:-$HOME/.cache}/nemo-tau2/tau2-$VERSION-py$PYTHON_VERSION-$ORIGIN_KEY}"
-STAMP="tau2 $VERSION from $ORIGIN python$PYTHON_VERSION"
+STAMP="tau2 $VERSION[knowledge] from $ORIGIN python$PYTHON_VERSION"
 
 imports_ok() {
   LITELLM_LOCAL_MODEL_COST_MAP=True "$ENV_DIR/bin/python" -c "
@@ -73,7 +73,8 @@ if [ -z "$SOURCE" ]; then
   SOURCE="$ENV_DIR/tau2-bench"
   git clone --quiet --depth 1 --branch "$VERSION" "$REPO_URL" "$SOURCE"
 fi
-uv export --frozen --no-dev --no-hashes --no-emit-project --project "$SOURCE" > "$ENV_DIR/tau2_uv_lock.txt"
+# with the release's `knowledge` extra (rank-bm25: banking_knowledge's BM25 retrieval), at its own lock's pins
+uv export --frozen --no-dev --no-hashes --no-emit-project --extra knowledge --project "$SOURCE" > "$ENV_DIR/tau2_uv_lock.txt"
 uv pip install --quiet --python "$ENV_DIR/bin/python" --no-deps -r "$ENV_DIR/tau2_uv_lock.txt"
 uv pip install --quiet --python "$ENV_DIR/bin/python" --no-deps -e "$SOURCE"
 

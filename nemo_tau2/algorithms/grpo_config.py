@@ -20,7 +20,7 @@ from nemo_tau2.generation.validation import GymGenerationConfig
 from nemo_tau2.gym.episode_config import CLUSTER_FOR_REPLICAS, NemoGymEnvConfig, UserSimulatorConfig
 from nemo_tau2.models.policy.checkpoint import CheckpointingConfig
 from nemo_tau2.models.policy.config import PolicyConfig
-from nemo_tau2.tau2_env import DOMAINS
+from nemo_tau2.tau2_env import training_domain_problem
 from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
 from nemo_tau2.utils.metrics_logger import LoggerConfig
 
@@ -103,9 +103,9 @@ class GRPODataConfig(_Strict):
 
     @model_validator(mode="after")
     def _rows_from_somewhere(self) -> "GRPODataConfig":
-        unknown = [domain for domain in self.domains or [] if domain not in DOMAINS]
-        if unknown:
-            raise ValueError(f"data.domains: unknown domain(s) {unknown}; tau2 domains are: {', '.join(DOMAINS)}")
+        problems = [problem for domain in self.domains or [] if (problem := training_domain_problem(domain))]
+        if problems:
+            raise ValueError(f"data.domains: {problems[0]}")
         if not self.domains and not self.train_data_path:
             raise ValueError("data.domains or data.train_data_path is required")
         return self

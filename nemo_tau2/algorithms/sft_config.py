@@ -14,7 +14,7 @@ from nemo_tau2.algorithms.tiny_policy import TinyPolicyConfig
 from nemo_tau2.cluster import ClusterConfig
 from nemo_tau2.evals.config import UserSimulatorConfig
 from nemo_tau2.models.policy.checkpoint import CheckpointingConfig
-from nemo_tau2.tau2_env import DOMAINS
+from nemo_tau2.tau2_env import training_domain_problem
 from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
 
 
@@ -52,9 +52,9 @@ class SFTDataConfig(_Strict):
 
     @model_validator(mode="after")
     def _known_domains(self) -> "SFTDataConfig":
-        unknown = [domain for domain in self.domains or [] if domain not in DOMAINS]
-        if unknown:
-            raise ValueError(f"data.domains: unknown domain(s) {unknown}; tau2 domains are: {', '.join(DOMAINS)}")
+        problems = [problem for domain in self.domains or [] if (problem := training_domain_problem(domain))]
+        if problems:
+            raise ValueError(f"data.domains: {problems[0]}")
         if self.domains and self.val_split is None:
             raise ValueError("data.domains needs data.val_split (the tasks validation pass@1 plays)")
         return self

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from nemo_tau2.cluster import ClusterConfig
 from nemo_tau2.generation.validation import GREEDY_NOT_ALLOWED, GymGenerationConfig
 from nemo_tau2.gym.episode_config import CLUSTER_FOR_REPLICAS, NemoGymEnvConfig, UserSimulatorConfig
-from nemo_tau2.tau2_env import DOMAINS
+from nemo_tau2.tau2_env import ALL_DOMAINS, domain_problem
 from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
 from nemo_tau2.utils.metrics_logger import LoggerConfig
 
@@ -86,9 +86,9 @@ class EvalData(_Strict):
 
     @model_validator(mode="after")
     def _known_domains(self) -> "EvalData":
-        unknown = [domain for domain in self.domains or [] if domain not in DOMAINS]
+        unknown = [domain for domain in self.domains or [] if domain not in ALL_DOMAINS]
         if unknown:
-            raise ValueError(f"data.domains: unknown domain(s) {unknown}; tau2 domains are: {', '.join(DOMAINS)}")
+            raise ValueError(f"data.domains: unknown domain(s) {unknown}; tau2 domains are: {', '.join(ALL_DOMAINS)}")
         return self
 
 
@@ -126,6 +126,8 @@ class EvalMasterConfig(_Strict):
                 problems.append("data.domains (or data.data_path with Gym rows) is required for nemo_gym rollouts")
             if self.data.domains and not self.data.data_path and self.data.split is None:
                 problems.append("data.split is required with data.domains; set data.split=test (or train, base)")
+            release = [domain_problem(domain, self.tau2.version) for domain in self.data.domains or []]
+            problems += [f"data.domains: {problem}" for problem in release if problem]
             gym = self.gym_env()
             if gym.agent_replicas * gym.resources_replicas > 1 and self.cluster.gym_placement != "ray":
                 problems.append(CLUSTER_FOR_REPLICAS)

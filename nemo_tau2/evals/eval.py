@@ -101,7 +101,7 @@ def build_eval_rows(cfg: EvalMasterConfig) -> list[dict]:
                 num_tasks=data.num_tasks,
                 what="data",
             )
-        check_release(rows, cfg.tau2.version, "data.data_path")
+        check_release(rows, cfg.tau2.version, "data.data_path", cfg.tau2.retrieval_variant)
     except (ValueError, Tau2WorkerError) as e:
         raise ConfigError(str(e)) from e
     if not rows:

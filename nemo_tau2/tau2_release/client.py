@@ -61,6 +61,15 @@ def release_python(config: Tau2ReleaseConfig) -> str:
     return python
 
 
+#: What a retrieval variant may call that this project serves (``configure_retrieval``'s ``needs``): none yet
+#: beyond the release's own offline indexes (BM25, grep) and prompts.
+SERVED_RETRIEVAL_NEEDS: frozenset[str] = frozenset()
+#: The domains whose environments take a retrieval variant.
+KNOWLEDGE_DOMAINS = ("banking_knowledge",)
+#: tau2 v1.0.1's variants that call no outside service (and no shell sandbox).
+OFFLINE_RETRIEVAL_VARIANTS = ("bm25_grep", "bm25", "grep_only", "no_knowledge", "full_kb", "golden_retrieval")
+
+
 class Tau2Worker:
     """One worker process of the configured tau2 release. Use as a context manager, or call :meth:`close`."""
 
@@ -101,6 +110,27 @@ class Tau2Worker:
             num_retries=0,  # one call per attempt: the retries are ours (verify), each a whole, safe re-grade
             timeout=judge.timeout_s,
         )
+        #: The retrieval variant as the release resolved it, and the outside services it calls.
+        self.retrieval = self._configure_retrieval(config)
+
+    def _configure_retrieval(self, config: Tau2ReleaseConfig) -> dict[str, Any]:
+        """Hand the worker ``tau2.retrieval_variant``; a variant the release does not have, or one that calls a
+        service this project does not connect yet, is refused here, before any episode (one line, naming the key)."""
+        try:
+            resolved = self.request(
+                "configure_retrieval", variant=config.retrieval_variant, kwargs=config.retrieval_kwargs or None
+            )
+        except Tau2RequestError as e:
+            self.close()
+            raise Tau2WorkerError(f"tau2.retrieval_variant / tau2.retrieval_kwargs: {e}") from None
+        unserved = [need for need in resolved["needs"] if need not in SERVED_RETRIEVAL_NEEDS]
+        if unserved:
+            self.close()
+            raise Tau2WorkerError(
+                f"tau2.retrieval_variant {config.retrieval_variant!r} calls {', '.join(unserved)}, which nemo-tau2 "
+                f"does not connect yet; offline variants: {', '.join(OFFLINE_RETRIEVAL_VARIANTS)}"
+            )
+        return resolved
 
     def _read_line(self, timeout_s: float, doing: str) -> dict:
         """The worker's next answer line: waited for with select() (no thread per request: ~0.1 ms of each)."""

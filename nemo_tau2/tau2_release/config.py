@@ -41,6 +41,17 @@ class Tau2ReleaseConfig(BaseModel):
         "null: $NEMO_TAU2_TAU2_V1_PYTHON.",
     )
     judge: NLJudgeConfig = Field(default_factory=NLJudgeConfig, description="v1.0.1's NL-assertion judge.")
+    retrieval_variant: str = Field(
+        default="bm25_grep",
+        description="banking_knowledge: tau2 v1.0.1's knowledge-retrieval variant (its --retrieval-config), "
+        "recorded in every result. bm25_grep (BM25 search plus grep over the 698 documents) runs offline; tau2's "
+        "own default, alltools, calls an OpenAI embedding endpoint and a sandboxed shell (docs/banking-knowledge.md).",
+    )
+    retrieval_kwargs: dict[str, int | float | bool | str] = Field(
+        default_factory=dict,
+        description="banking_knowledge: the variant's overrides (tau2's --retrieval-config-kwargs: top_k, "
+        "grep_top_k, case_sensitive, reranker_min_score).",
+    )
     start_timeout_s: float = Field(
         default=300.0,
         gt=0,

@@ -9,20 +9,24 @@ from typing import Any
 
 from nemo_tau2.tau2_env.domains import as_responses_tools
 from nemo_tau2.tau2_env.gym_rows import DEFAULT_AGENT_NAME, compact_row
-from nemo_tau2.tau2_release.client import Tau2RequestError, Tau2Worker, worker_for
+from nemo_tau2.tau2_release.client import KNOWLEDGE_DOMAINS, Tau2RequestError, Tau2Worker, worker_for
 from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
 
 
 def _domain_rows(
     worker: Tau2Worker, domain: str, split: str | None, agent_name: str, compact: bool, wanted: set[str] | None
 ) -> list[dict]:
-    system_prompt = worker.request("agent_system_prompt", domain=domain)
+    knowledge = domain in KNOWLEDGE_DOMAINS
+    per_task = knowledge and worker.retrieval["task_specific"]  # golden_retrieval: the task's documents in the prompt
+    system_prompt = None if per_task else worker.request("agent_system_prompt", domain=domain)
     tools = as_responses_tools(worker.request("tool_schemas", domain=domain))
     greeting = worker.request("greeting")
     rows = []
     for task in worker.request("tasks", domain=domain, split=split):
         if wanted is not None and str(task["id"]) not in wanted:
             continue
+        if per_task:
+            system_prompt = worker.request("agent_system_prompt", domain=domain, task_id=str(task["id"]))
         if (task.get("initial_state") or {}).get("message_history"):
             raise ValueError(f"{domain} task {task['id']!r} starts from a pre-written message history (unsupported)")
         row: dict[str, Any] = {
@@ -37,6 +41,8 @@ def _domain_rows(
             "split": split,
             "tau2_version": worker.config.version,
         }
+        if knowledge:  # the prompt and tools are the variant's: the server refuses the row under another
+            row["retrieval_variant"] = worker.retrieval["variant"]
         if compact:
             row = compact_row(row, {action["name"] for action in _gold_actions(task)})
         rows.append(row)
@@ -47,12 +53,19 @@ def _gold_actions(task: dict) -> list[dict]:
     return list((task.get("evaluation_criteria") or {}).get("actions") or [])
 
 
-def check_release(rows: list[dict], version: str, what: str = "data") -> None:
+def check_release(rows: list[dict], version: str, what: str = "data", retrieval_variant: str | None = None) -> None:
     """Refuse rows of another tau2 release than the run's (a rows file says which in ``tau2_version``; rows
-    without it are v0.2.1's, as ``prepare_data.py`` wrote them before there was a choice)."""
+    without it are v0.2.1's, as ``prepare_data.py`` wrote them before there was a choice), and knowledge rows written
+    for another retrieval variant than ``retrieval_variant`` (their prompt and tools are that variant's)."""
     other = sorted({str(row.get("tau2_version", "v0.2.1")) for row in rows} - {version})
     if other:
         raise ValueError(f"{what}: the rows are of tau2 {other}, not tau2.version {version}")
+    variants = {str(row.get("retrieval_variant")) for row in rows if row.get("domain") in KNOWLEDGE_DOMAINS}
+    if retrieval_variant is not None and variants - {retrieval_variant}:
+        raise ValueError(
+            f"{what}: the rows were written for retrieval variant {sorted(variants)}, not tau2.retrieval_variant "
+            f"{retrieval_variant}: write them again (prepare_data.py ... tau2.retrieval_variant={retrieval_variant})"
+        )
 
 
 def release_rows(

@@ -31,7 +31,7 @@ from nemo_tau2.gym.episode_config import EpisodeSettings
 from nemo_tau2.gym.fast_middleware import FastMiddlewareMixin
 from nemo_tau2.gym.http_client import GymHttpClient
 from nemo_tau2.gym.task_fields import Tau2TaskFields
-from nemo_tau2.tau2_env import DOMAINS
+from nemo_tau2.tau2_env import ALL_DOMAINS
 
 logger = logging.getLogger(__name__)
 
@@ -66,9 +66,9 @@ class Tau2AgentConfig(EpisodeSettings, GymInstanceConfigMixin, RequestLimitsMixi
     @field_validator("domains")
     @classmethod
     def _known_domains(cls, value: list[str]) -> list[str]:
-        unknown = [domain for domain in value if domain not in DOMAINS]
+        unknown = [domain for domain in value if domain not in ALL_DOMAINS]  # the resources server knows the release
         if unknown:
-            raise ValueError(f"unknown domain(s) {unknown}; tau2 domains are: {', '.join(DOMAINS)}")
+            raise ValueError(f"unknown domain(s) {unknown}; tau2 domains are: {', '.join(ALL_DOMAINS)}")
         return value
 
 

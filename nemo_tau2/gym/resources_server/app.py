@@ -34,7 +34,7 @@ from nemo_gym.base_resources_server import (
     SimpleResourcesServer,
 )
 from nemo_gym.server_utils import SESSION_ID_KEY
-from pydantic import ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
 from nemo_tau2.gym.config_keys import GymInstanceConfigMixin, RequestLimitsMixin
 from nemo_tau2.gym.fast_middleware import FastMiddlewareMixin
@@ -45,7 +45,7 @@ from nemo_tau2.gym.resources_server.replay import RecordedAnswer, describe, fing
 from nemo_tau2.gym.resources_server.scoring import InFlightScorings
 from nemo_tau2.gym.resources_server.sessions import Session, SessionStore, TooManySessionsError
 from nemo_tau2.gym.task_fields import Tau2TaskFields
-from nemo_tau2.tau2_env import DOMAINS, domains, prompts
+from nemo_tau2.tau2_env import DOMAINS, domain_problem, domains, prompts
 from nemo_tau2.tau2_env.episode import Episode, Requestor
 from nemo_tau2.tau2_env.reward import NLAssertionsNotEvaluatedError
 from nemo_tau2.tau2_release.client import Tau2JudgeError, Tau2RequestError, Tau2WorkerError
@@ -74,12 +74,12 @@ class Tau2ResourcesServerConfig(GymInstanceConfigMixin, RequestLimitsMixin, Base
     )
     tau2: Tau2ReleaseConfig = Field(default_factory=Tau2ReleaseConfig, description="Which tau2 release serves.")
 
-    @field_validator("domains")
-    @classmethod
-    def _known_domains(cls, value: list[str]) -> list[str]:
-        for domain in value:
-            domains.check_domain(domain)
-        return value
+    @model_validator(mode="after")
+    def _domains_of_the_release(self) -> "Tau2ResourcesServerConfig":
+        problems = [problem for domain in self.domains if (problem := domain_problem(domain, self.tau2.version))]
+        if problems:
+            raise ValueError(f"domains: {problems[0]}")
+        return self
 
 
 class Tau2SeedSessionRequest(Tau2TaskFields, BaseSeedSessionRequest):
@@ -93,6 +93,9 @@ class Tau2SeedSessionResponse(BaseSeedSessionResponse):
     user_tools: list[dict] = Field(description="The simulated user's tools (Responses API format); may be empty.")
     reward_basis: list[str] = Field(description="What tau2 multiplies into this task's reward.")
     tau2_version: str = Field(default="v0.2.1", description="The tau2 release that serves and scores the episode.")
+    retrieval_variant: str | None = Field(
+        default=None, description="banking_knowledge: the knowledge-retrieval variant the episode is played with."
+    )
 
 
 class Tau2VerifyRequest(BaseVerifyRequest):
@@ -207,6 +210,9 @@ class Tau2ResourcesServer(FastMiddlewareMixin, SimpleResourcesServer):
             request.session[SESSION_ID_KEY] = session_id  # the retry gets the first attempt's session cookie
             self._sessions.replayed_answers += 1
             return answer
+        problem = self._row_problem(body)
+        if problem is not None:
+            raise HTTPException(status_code=problem[0], detail=problem[1])
         try:
             episode, answer = (self._release.start_episode if self._release else start_episode)(
                 body.domain, body.task_id
@@ -226,6 +232,27 @@ class Tau2ResourcesServer(FastMiddlewareMixin, SimpleResourcesServer):
             "session seeded: %s task %s, episode %s", body.domain, body.task_id, (key or "-").rsplit("-", 1)[0]
         )
         return response
+
+    def _row_problem(self, body: Tau2SeedSessionRequest) -> tuple[int, str] | None:
+        """A row this server cannot play as written: a domain it does not have (404, as an unknown task), another
+        release's row, or (banking_knowledge) a row written for another retrieval variant, whose prompt and tools are
+        that variant's (400)."""
+        version = self.config.tau2.version
+        problem = domain_problem(body.domain, version)
+        if problem is not None:
+            return 404, problem
+        extra = body.model_extra or {}  # a bare {domain, task_id} is fine; a row that says otherwise is refused
+        row_version = extra.get("tau2_version")
+        if row_version is not None and row_version != version:
+            return 400, f"the row is of tau2 {row_version}; this server serves tau2 {version}: write the rows again"
+        served = self._release.retrieval_variant(body.domain) if self._release else None
+        row_variant = extra.get("retrieval_variant")
+        if row_variant is not None and row_variant != served:
+            return 400, (
+                f"the row was written for retrieval variant {row_variant!r} and this server serves {served!r}: write "
+                f"the rows with tau2.retrieval_variant={served}, or serve tau2.retrieval_variant={row_variant}"
+            )
+        return None
 
     def _no_session(self, request: Request) -> HTTPException:
         if self._sessions.verdict(request.session.get(SESSION_ID_KEY)) is not None:

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 from nemo_tau2.tau2_env.domains import as_responses_tools
 from nemo_tau2.tau2_env.reward import SUCCESS_TOLERANCE
-from nemo_tau2.tau2_release.client import Tau2Worker, Tau2WorkerError
+from nemo_tau2.tau2_release.client import KNOWLEDGE_DOMAINS, Tau2Worker, Tau2WorkerError
 from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
 
 logger = logging.getLogger(__name__)
@@ -115,6 +115,10 @@ class WorkerRelease:
         self.scoring = ThreadPoolExecutor(1, thread_name_prefix="tau2-scoring")
         self._reward_basis: dict[str, dict[str, list[str]]] = {}
 
+    def retrieval_variant(self, domain: str) -> str | None:
+        """The variant a knowledge domain's episodes are played with (None for the other domains)."""
+        return self.worker.retrieval["variant"] if domain in KNOWLEDGE_DOMAINS else None
+
     def load_domain_data(self, domain: str) -> None:
         """At start-up: the domain's tasks, in both workers (the scoring worker's first verify needs none then)."""
         self.scorer.request("splits", domain=domain)
@@ -139,6 +143,7 @@ class WorkerRelease:
             "domain": domain,
             "task_id": str(task_id),
             "tau2_version": self.version,
+            "retrieval_variant": self.retrieval_variant(domain),
             "user_system_prompt": seeded["user_system_prompt"],
             "user_tools": as_responses_tools(seeded["user_tools"]),
             "reward_basis": self._reward_basis[domain].get(str(task_id), []),

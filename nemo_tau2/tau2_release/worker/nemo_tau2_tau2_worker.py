@@ -7,11 +7,12 @@ stderr first). Everything version-specific comes from the release through its pu
 (``tau2.runner``), the environment and its tools (``build_environment``, ``Environment.get_response``), the prompts
 (``LLMAgent``, ``build_user``) and the reward (``evaluate_simulation`` on the episode's trajectory, the
 NL-assertion judge included, pointed at the endpoint the run configures). Every environment, the three that
-``evaluate_simulation`` builds per score included, is tau2's own constructor fed a fork of one DB snapshot per
-domain (``nemo_tau2_tau2_snapshots``), instead of the DB file read again, a tool's specification is parsed
-from its docstring once per process and the tool types the evaluator reads once per toolkit class
-(``nemo_tau2_tau2_tool_specs``), and ``warm`` has a forked child hash a task's
-gold DB with tau2's code while its episode is played (``nemo_tau2_tau2_warming``), so the verify finds it memoised.
+``evaluate_simulation`` builds per score included, is tau2's own constructor with the arguments tau2's runner gives
+it (``nemo_tau2_tau2_retrieval``: banking_knowledge's variant), fed a fork of one DB snapshot per domain
+(``nemo_tau2_tau2_snapshots``) instead of the DB file read again; a tool's specification is parsed from its
+docstring once per process and the tool types the evaluator reads once per toolkit class
+(``nemo_tau2_tau2_tool_specs``), and ``warm`` has a forked child hash a task's gold DB with tau2's code while its
+episode is played (``nemo_tau2_tau2_warming``), so the verify finds it memoised.
 
 Answers: ``{"id", "ok": true, "result"}`` or ``{"id", "ok": false, "kind", "error"}`` where ``kind`` is
 ``bad_request`` (unknown domain/task/episode, malformed message), ``judge`` (the NL-assertion judge failed:
@@ -35,6 +36,7 @@ logger.remove()
 logger.add(sys.stderr, level=os.environ.get("NEMO_TAU2_TAU2_LOG_LEVEL", "ERROR"))
 
 import tau2.evaluator.evaluator_nl_assertions as nl_assertions  # noqa: E402
+from nemo_tau2_tau2_retrieval import RunRetrieval  # noqa: E402
 from nemo_tau2_tau2_snapshots import DomainSnapshots  # noqa: E402
 from nemo_tau2_tau2_tool_specs import memoise_tool_parsing, memoise_tool_types  # noqa: E402
 from nemo_tau2_tau2_warming import GoldWarming  # noqa: E402
@@ -61,6 +63,7 @@ class JudgeError(RuntimeError):
 
 _tasks: dict[str, dict] = {}
 _episodes: dict[str, dict] = {}
+_retrieval = RunRetrieval()
 _snapshots = DomainSnapshots()
 memoise_tool_parsing()
 memoise_tool_types()
@@ -110,6 +113,24 @@ def configure_judge(model: str, base_url: str | None = None, api_key_env: str | 
     return {"model": litellm_model, "base_url": base_url}
 
 
+def configure_retrieval(variant: str | None, kwargs: dict | None = None) -> dict:
+    """The run's knowledge-retrieval variant (banking_knowledge), checked against the release's own registry."""
+    try:
+        return _retrieval.configure(variant, kwargs)
+    except (ValueError, TypeError) as e:
+        raise BadRequest(f"retrieval variant: {e}") from e
+
+
+def _environment(domain: str, task):
+    return build_environment(_snapshots.forked_domain(domain), env_kwargs=_retrieval.env_kwargs(domain, task))
+
+
+def _task_or_first(domain: str, task_id: str | None):
+    """The task a prompt or tool list is built for: the given one, else the domain's first (the same for every
+    task of a domain, except banking_knowledge's golden_retrieval, whose prompt holds the task's documents)."""
+    return _task(domain, task_id) if task_id is not None else next(iter(_domain_tasks(domain).values()))
+
+
 def splits(domain: str) -> dict:
     tasks = _domain_tasks(domain)
     found = load_task_splits(domain) or {"base": list(tasks)}
@@ -126,14 +147,14 @@ def tasks(domain: str, split: str | None = "base") -> list:
     return [by_id[task_id].model_dump(mode="json") for task_id in ids]
 
 
-def agent_system_prompt(domain: str) -> str:
-    """tau2's ``LLMAgent.system_prompt``: its instruction plus the domain policy."""
-    env = build_environment(_snapshots.forked_domain(domain))
+def agent_system_prompt(domain: str, task_id: str | None = None) -> str:
+    """tau2's ``LLMAgent.system_prompt``: its instruction plus the domain policy (of ``task_id``'s environment)."""
+    env = _environment(domain, _task_or_first(domain, task_id))
     return SYSTEM_PROMPT.format(domain_policy=env.get_policy(), agent_instruction=AGENT_INSTRUCTION)
 
 
-def tool_schemas(domain: str) -> list:
-    return [tool.openai_schema for tool in build_environment(_snapshots.forked_domain(domain)).get_tools()]
+def tool_schemas(domain: str, task_id: str | None = None) -> list:
+    return [tool.openai_schema for tool in _environment(domain, _task_or_first(domain, task_id)).get_tools()]
 
 
 def greeting() -> str:
@@ -143,7 +164,7 @@ def greeting() -> str:
 def seed(domain: str, task_id: str) -> dict:
     """A fresh environment with the task's initial state, as tau2's orchestrator initialises it."""
     task = _task(domain, task_id)
-    env = build_environment(_snapshots.forked_domain(domain))
+    env = _environment(domain, task)
     state = task.initial_state
     env.set_state(
         initialization_data=state.initialization_data if state else None,
@@ -235,9 +256,8 @@ def evaluate(domain: str, task_id: str, messages: list, termination_reason: str)
     )
     _warming.before_scoring(domain, task.id)
     try:
-        info = evaluate_simulation(
-            simulation, task, EvaluationType.ALL, solo_mode=False, domain=_snapshots.forked_domain(domain)
-        )
+        forked, env_kwargs = _snapshots.forked_domain(domain), _retrieval.env_kwargs(domain, task)
+        info = evaluate_simulation(simulation, task, EvaluationType.ALL, False, domain=forked, env_kwargs=env_kwargs)
     except Exception as e:  # noqa: BLE001  (sorted into judge faults and the rest below)
         if _from_judge(e):
             raise JudgeError(f"NL-assertion judge failed: {type(e).__name__}: {e}") from e
@@ -267,7 +287,7 @@ def export(path: str, domain: str, run: dict, episodes: list) -> dict:
     from tau2.runner import get_info
 
     try:
-        config = TextRunConfig(domain=domain, **run)
+        config = TextRunConfig(domain=domain, **run, **_retrieval.run_fields(domain))
     except ValueError as e:
         raise BadRequest(f"run settings: {e}") from e
     simulations = []
@@ -299,6 +319,7 @@ def end(episode_id: str) -> dict:
 
 OPERATIONS = {
     "configure_judge": configure_judge,
+    "configure_retrieval": configure_retrieval,
     "splits": splits,
     "tasks": tasks,
     "agent_system_prompt": agent_system_prompt,

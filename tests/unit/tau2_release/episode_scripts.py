@@ -5,7 +5,10 @@ tau2 v1.0.1 directly (``v1_reference.py``), so the script is the only thing both
 (every gold action, then every ``communicate_info`` said) and perturbations: ``wrong_message`` (the closing message
 says nothing required, and the scripted judge fails every NL assertion on it), ``wrong_write`` (one argument of the
 last gold action with arguments changed) or, for tasks without one, ``missing_action`` (the last gold action
-dropped) or a premature ``max_steps`` end for tasks with no gold action at all.
+dropped) or a premature ``max_steps`` end for tasks with no gold action at all. banking_knowledge's tasks add what
+its discoverable tools make possible: ``call_without_unlock`` (the first unlock dropped, its call kept),
+``no_verification`` (``log_verification`` dropped) and ``extra_reads`` (a knowledge-base search and a list of the
+discoverable tools before the gold actions).
 """
 
 import copy
@@ -65,4 +68,24 @@ def episode_scripts(task: dict, greeting: str) -> dict[str, dict]:
     else:
         steps = _steps(greeting, actions, oracle_closing)
         scripts["premature_end"] = {"steps": steps, "termination_reason": "max_steps"}
+    for name, perturbed in _discoverable_perturbations(actions).items():
+        scripts[name] = {"steps": _steps(greeting, perturbed, oracle_closing), "termination_reason": "user_stop"}
     return scripts
+
+
+def _discoverable_perturbations(actions: list[dict]) -> dict[str, list[dict]]:
+    """banking_knowledge's ways to get its discoverable tools wrong (none for a task that uses none)."""
+    names = [action["name"] for action in actions]
+    perturbations = {}
+    if "unlock_discoverable_agent_tool" in names:
+        first = names.index("unlock_discoverable_agent_tool")
+        perturbations["call_without_unlock"] = actions[:first] + actions[first + 1 :]
+    if "log_verification" in names:
+        perturbations["no_verification"] = [action for action in actions if action["name"] != "log_verification"]
+    if any(name.endswith("discoverable_agent_tool") or name == "log_verification" for name in names):
+        reads = [
+            {"name": "KB_search", "arguments": {"query": "account fees"}, "requestor": "assistant"},
+            {"name": "list_discoverable_agent_tools", "arguments": {}, "requestor": "assistant"},
+        ]
+        perturbations["extra_reads"] = reads + actions
+    return perturbations

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tests.tau2_v1_env import tau2_v1_python
 from tests.unit.tau2_release.episode_scripts import episode_scripts
-from tests.unit.tau2_release.worker_episodes import play, summary
+from tests.unit.tau2_release.worker_episodes import play, summary, untimed
 
 DOMAINS = ("airline", "retail", "telecom")
 REFERENCE = Path(__file__).with_name("v1_reference.py")
@@ -37,21 +37,33 @@ REFERENCE_PROCESSES = max(2, min(4, os.cpu_count() or 1))
 CHANGED_GOLD = {"airline": ["2", "23", "38", "44"], "retail": ["12", "107"]}
 
 
-def start_references(tasks: dict[str, list[dict]], judge_base_url: str) -> list[subprocess.Popen]:
-    """tau2 v1.0.1 scoring every task of ``tasks``, dealt over ``REFERENCE_PROCESSES`` processes."""
-    deal = [(domain, task["id"]) for domain in DOMAINS for task in tasks[domain]]
+def start_references(tasks: dict[str, list[dict]], judge_base_url: str, **run: str) -> list[subprocess.Popen]:
+    """tau2 v1.0.1 scoring every task of ``tasks`` (``run``: ``retrieval_variant``), dealt over
+    ``REFERENCE_PROCESSES`` processes."""
+    domains = list(tasks)
+    deal = [(domain, task["id"]) for domain in domains for task in tasks[domain]]
     references = []
     for shard in range(REFERENCE_PROCESSES):
-        task_ids = {domain: [] for domain in DOMAINS}
+        task_ids = {domain: [] for domain in domains}
         for domain, task_id in deal[shard::REFERENCE_PROCESSES]:
             task_ids[domain].append(task_id)
         reference = subprocess.Popen(
             [tau2_v1_python(), str(REFERENCE)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
-        reference.stdin.write(json.dumps({"domains": DOMAINS, "judge_base_url": judge_base_url, "task_ids": task_ids}))
+        request = {"domains": domains, "judge_base_url": judge_base_url, "task_ids": task_ids, **run}
+        reference.stdin.write(json.dumps(request))
         reference.stdin.close()  # tau2 works while we do
         references.append(reference)
     return references
+
+
+def reference_results(references: list[subprocess.Popen]) -> dict:
+    """What the reference processes scored, tool answers compared as ours are (``untimed``)."""
+    theirs = {}
+    for reference in references:
+        theirs |= json.loads(reference.stdout.read())
+        assert reference.wait() == 0
+    return {key: value | {"tool_answers": list(map(untimed, value["tool_answers"]))} for key, value in theirs.items()}
 
 
 def parity_tasks(every: list[dict], domain: str, all_tasks: bool) -> list[dict]:
@@ -80,10 +92,7 @@ def test_every_base_task_scores_as_tau2_v1_scores_it(worker, judge, request):
             for name, script in episode_scripts(task, greeting).items():
                 ours[f"{domain}/{task['id']}/{name}"] = summary(play(worker, domain, task["id"], script))
 
-    theirs = {}
-    for reference in references:
-        theirs |= json.loads(reference.stdout.read())
-        assert reference.wait() == 0
+    theirs = reference_results(references)
     assert ours.keys() == theirs.keys()
     mismatches = [key for key in ours if ours[key] != theirs[key]]
     example = mismatches[0] if mismatches else None
@@ -102,3 +111,28 @@ def test_every_base_task_scores_as_tau2_v1_scores_it(worker, judge, request):
     assert all(ours[f"{task}/wrong_message"]["reward"] == 0.0 for task in judged_tasks)
     assert all(f"{domain}/{task_id}/oracle" in ours for domain, ids in CHANGED_GOLD.items() for task_id in ids)
     assert judge.requests >= 2 * 2 * len(judged_tasks)  # each judged episode asked the judge once per side
+
+
+def test_banking_knowledge_scores_as_tau2_v1_scores_it_with_its_runners_arguments(worker, judge):
+    """banking_knowledge on bm25_grep (the worker's default variant, as tau2's runner is given it): every third task,
+    its oracle and the perturbations its discoverable tools allow (a call without its unlock, no verification, extra
+    reads), each scored by our worker and by tau2 v1.0.1 itself, identical; the oracle scores 1.0 and each other
+    kind of perturbation scores 0 on some task (they are perturbations tau2 sees)."""
+    domain = "banking_knowledge"
+    assert worker.retrieval["variant"] == "bm25_grep"
+    greeting = worker.request("greeting")
+    tasks = [task for index, task in enumerate(worker.request("tasks", domain=domain, split="base")) if index % 3 == 0]
+    references = start_references({domain: tasks}, judge.base_url, retrieval_variant="bm25_grep")
+    ours = {}
+    for task in tasks:
+        for name, script in episode_scripts(task, greeting).items():
+            ours[f"{domain}/{task['id']}/{name}"] = summary(play(worker, domain, task["id"], script))
+    theirs = reference_results(references)
+    assert ours.keys() == theirs.keys()
+    mismatches = [key for key in ours if ours[key] != theirs[key]]
+    example = mismatches[0] if mismatches else None
+    assert not mismatches, f"{len(mismatches)} differ, e.g. {example}: {ours.get(example)} vs {theirs.get(example)}"
+    assert len(tasks) == 33 and all(ours[key]["reward"] == 1.0 for key in ours if key.endswith("/oracle"))
+    for kind in ("call_without_unlock", "no_verification", "wrong_write"):
+        assert any(key.endswith(f"/{kind}") and ours[key]["reward"] == 0.0 for key in ours), kind
+    assert any(key.endswith("/extra_reads") for key in ours)

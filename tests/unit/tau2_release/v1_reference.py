@@ -1,8 +1,9 @@
 """tau2 v1.0.1 itself scoring the parity test's scripted episodes; runs in v1.0.1's environment, not the project's.
 
-Reads ``{"domains": [...], "judge_base_url": ..., "task_ids": {domain: [...]}}`` on stdin (a domain missing from
-``task_ids``: all its base tasks); for every base task of each domain plays every script
-of ``episode_scripts`` with tau2's own parts only (``build_environment``, the task's initial state as the
+Reads ``{"domains": [...], "judge_base_url": ..., "task_ids": {domain: [...]}, "retrieval_variant": ...}`` on
+stdin (a domain missing from ``task_ids``: all its base tasks); for every base task of each domain plays every script
+of ``episode_scripts`` with tau2's own parts only (``build_environment`` with the arguments its runner builds for the
+task: ``_build_env_kwargs``, which for banking_knowledge adds the retrieval variant), the task's initial state as the
 orchestrator applies it, ``Environment.get_response``, tau2's message models) and scores it with
 ``evaluate_simulation(..., EvaluationType.ALL)``, the NL-assertion judge pointed at the same scripted judge. Writes
 ``{"<domain>/<task>/<script>": {"reward", "reward_basis", "reward_breakdown", "tool_answers"}}`` on stdout.
@@ -25,16 +26,18 @@ logger.remove()
 
 import tau2.evaluator.evaluator_nl_assertions as nl_assertions  # noqa: E402
 from tau2.data_model.message import AssistantMessage, ToolCall, UserMessage  # noqa: E402
-from tau2.data_model.simulation import SimulationRun, TerminationReason  # noqa: E402
+from tau2.data_model.simulation import SimulationRun, TerminationReason, TextRunConfig  # noqa: E402
 from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation  # noqa: E402
 from tau2.orchestrator.orchestrator import DEFAULT_FIRST_AGENT_MESSAGE  # noqa: E402
 from tau2.runner import build_environment, get_tasks  # noqa: E402
+from tau2.runner.build import _build_env_kwargs  # noqa: E402
 
 _SENDERS = {"assistant": AssistantMessage, "user": UserMessage}
 
 
-def play(domain: str, task, script: dict) -> dict:
-    env = build_environment(domain)
+def play(domain: str, task, script: dict, run: TextRunConfig) -> dict:
+    env_kwargs = _build_env_kwargs(run, task)  # what tau2's runner gives the environments (banking: the variant)
+    env = build_environment(domain, env_kwargs=env_kwargs)
     state = task.initial_state
     env.set_state(
         initialization_data=state.initialization_data if state else None,
@@ -62,7 +65,9 @@ def play(domain: str, task, script: dict) -> dict:
         termination_reason=TerminationReason(script["termination_reason"]),
         messages=messages,
     )
-    info = evaluate_simulation(simulation, task, EvaluationType.ALL, solo_mode=False, domain=domain)
+    info = evaluate_simulation(
+        simulation, task, EvaluationType.ALL, solo_mode=False, domain=domain, env_kwargs=env_kwargs
+    )
     return {
         "reward": info.reward,
         "reward_basis": [basis.value for basis in info.reward_basis or []],
@@ -82,13 +87,15 @@ def main() -> None:
     }
     results = {}
     for domain in request["domains"]:
+        variant = request.get("retrieval_variant") if domain == "banking_knowledge" else None
+        run = TextRunConfig(domain=domain, retrieval_config=variant)
         wanted = (request.get("task_ids") or {}).get(domain)
         for task in get_tasks(domain, "base"):
             if wanted is not None and task.id not in wanted:
                 continue
             scripts = episode_scripts(task.model_dump(mode="json"), DEFAULT_FIRST_AGENT_MESSAGE.content)
             for name, script in scripts.items():
-                results[f"{domain}/{task.id}/{name}"] = play(domain, task, script)
+                results[f"{domain}/{task.id}/{name}"] = play(domain, task, script, run)
     _OUT.write(json.dumps(results))
     _OUT.flush()
 

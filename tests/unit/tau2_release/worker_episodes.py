@@ -1,6 +1,7 @@
 """Our worker on tau2 v1.0.1 wired to a judge, and a scripted episode (``episode_scripts``) played through it:
 seed, tool calls, trajectory, verify."""
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -15,33 +16,54 @@ JUDGE_ATTEMPTS = 2  # verdicts tried per episode by the tests' worker (the judge
 
 def play(worker: Tau2Worker, domain: str, task_id: str, script: dict) -> dict:
     """The episode's verify answer plus its ``messages`` and ``tool_answers``."""
-    seeded = worker.request("seed", domain=domain, task_id=task_id)
-    trajectory, answers = Trajectory(), []
-    for index, step in enumerate(script["steps"]):
-        if step[0] == "text":
-            trajectory.text(step[1], step[2])
-            continue
-        _, requestor, name, arguments = step
-        call_id = f"call_{index}"
-        answer = worker.request(
-            "call_tool", episode_id=seeded["episode_id"], name=name, arguments=arguments, requestor=requestor,
-            call_id=call_id,
-        )  # fmt: skip
-        trajectory.tool_call(requestor, call_id, name, arguments, answer)
-        answers.append(answer)
-    scored = worker.verify(seeded["episode_id"], trajectory.messages, script["termination_reason"])
-    return scored | {"messages": trajectory.messages, "tool_answers": answers}
+    return play_interleaved(worker, domain, task_id, [script])[0]
+
+
+def play_interleaved(worker: Tau2Worker, domain: str, task_id: str, scripts: list[dict]) -> list[dict]:
+    """Episodes of one task, each seeded before any plays, their steps taken in turn (the first's step 0, the
+    second's step 0, ...): what two concurrent sessions of one task do to the worker."""
+    seeded = [worker.request("seed", domain=domain, task_id=task_id) for _ in scripts]
+    trajectories, answers = [Trajectory() for _ in scripts], [[] for _ in scripts]
+    for index in range(max(len(script["steps"]) for script in scripts)):
+        for episode, script in enumerate(scripts):
+            if index >= len(script["steps"]):
+                continue
+            step = script["steps"][index]
+            if step[0] == "text":
+                trajectories[episode].text(step[1], step[2])
+                continue
+            _, requestor, name, arguments = step
+            call_id = f"call_{index}"
+            answer = worker.request(
+                "call_tool", episode_id=seeded[episode]["episode_id"], name=name, arguments=arguments,
+                requestor=requestor, call_id=call_id,
+            )  # fmt: skip
+            trajectories[episode].tool_call(requestor, call_id, name, arguments, answer)
+            answers[episode].append(answer)
+    return [
+        worker.verify(seed["episode_id"], trajectory.messages, script["termination_reason"])
+        | {"messages": trajectory.messages, "tool_answers": episode_answers}
+        for seed, trajectory, episode_answers, script in zip(seeded, trajectories, answers, scripts, strict=True)
+    ]
 
 
 def summary(played: dict) -> dict:
-    """What the parity test compares: reward, basis, breakdown and every tool answer."""
+    """What the parity test compares: reward, basis, breakdown and every tool answer (banking_knowledge's searches
+    end with how long they took, ``[Timing: retrieval=2ms, ...]``, which no two runs share: compared without it)."""
     info = played["reward_info"]
     return {
         "reward": played["reward"],
         "reward_basis": info["reward_basis"] or [],
         "reward_breakdown": info["reward_breakdown"] or {},
-        "tool_answers": played["tool_answers"],
+        "tool_answers": [untimed(answer) for answer in played["tool_answers"]],
     }
+
+
+def untimed(answer: dict) -> dict:
+    return answer | {"content": _TIMING.sub("[Timing]", answer["content"] or "")}
+
+
+_TIMING = re.compile(r"\[Timing: [^\]]*\]")
 
 
 @contextmanager

@@ -1,0 +1,60 @@
+"""The environment arguments of a run, for the worker: what tau2 v1.0.1's runner passes a domain's environment.
+
+Most domains take none. banking_knowledge takes its knowledge-retrieval variant (tau2's ``--retrieval-config``, with
+``--retrieval-config-kwargs``), the task (``golden_retrieval`` puts the task's documents in the prompt) and the
+read-log allowlist (the discoverable read tools the task's gold calls: only their calls are logged for the DB
+hash). They come from the runner's own ``_build_env_kwargs`` on a ``TextRunConfig`` of the run, so they are tau2's
+by construction, for the seed, the prompt and tools, and the three environments ``evaluate_simulation`` builds.
+"""
+
+from tau2.data_model.simulation import TextRunConfig
+from tau2.runner.build import _build_env_kwargs
+
+KNOWLEDGE_DOMAINS = ("banking_knowledge",)
+
+
+class RunRetrieval:
+    """The run's variant (None: tau2's own default for the domain, ``alltools``) and its keyword overrides."""
+
+    def __init__(self) -> None:
+        self.fields: dict = {}
+
+    def configure(self, variant: str | None, kwargs: dict | None = None) -> dict:
+        """Check ``variant`` against the release's registry (``ValueError``, naming the variants, if unknown) and
+        keep it. Returns its canonical name, the outside services it calls (:func:`variant_needs`) and whether the
+        agent's prompt differs from task to task."""
+        if variant is None:
+            self.fields = {}
+            return {"variant": None, "needs": [], "task_specific": False}
+        from tau2.domains.banking_knowledge.retrieval import resolve_variant
+
+        resolved = resolve_variant(variant, **(kwargs or {}))
+        self.fields = {"retrieval_config": variant, "retrieval_config_kwargs": dict(kwargs) if kwargs else None}
+        # golden_retrieval's prompt holds the task's own documents (tau2: "the policy is task-specific")
+        task_specific = resolved.name == "golden_retrieval"
+        return {"variant": resolved.name, "needs": variant_needs(resolved), "task_specific": task_specific}
+
+    def env_kwargs(self, domain: str, task) -> dict:
+        """What tau2's runner passes ``domain``'s environment constructor for ``task``."""
+        fields = self.fields if domain in KNOWLEDGE_DOMAINS else {}
+        return _build_env_kwargs(TextRunConfig(domain=domain, **fields), task)
+
+    def run_fields(self, domain: str) -> dict:
+        """The ``TextRunConfig`` fields a results file of ``domain`` records (the variant, for a knowledge domain)."""
+        return dict(self.fields) if domain in KNOWLEDGE_DOMAINS else {}
+
+
+def variant_needs(variant) -> list:
+    """The outside services a variant calls: ``shell`` (tau2's sandbox: srt and bubblewrap), ``openai_embeddings``
+    or ``openrouter_embeddings`` (an embedding endpoint), ``reranker`` (an LLM through litellm)."""
+    needs = []
+    if getattr(variant, "shell", None) is not None:
+        needs.append("shell")
+    for spec in (variant.kb_search, variant.kb_search_bm25, variant.kb_search_dense):
+        if spec is None:
+            continue
+        if spec.type == "embedding":
+            needs.append(f"{spec.embedder_type}_embeddings")
+        if spec.reranker:
+            needs.append("reranker")
+    return sorted(set(needs))

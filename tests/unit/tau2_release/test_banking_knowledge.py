@@ -1,0 +1,118 @@
+"""tau2 v1.0.1's banking_knowledge (tau-Knowledge) through our servers: the oracle (each task's gold actions, the
+user's through the scripted user) plays all 97 tasks on the offline default variant, bm25_grep, through the Gym
+servers of an eval, and every reward is tau2 v1.0.1's own, the environments built with the arguments tau2's runner
+passes (its own ``_build_env_kwargs``: the variant, the task, the read-log allowlist); task_102 (DB x NL_ASSERTION)
+through the scripted judge. The rows come from the release with the variant's prompt and tools. Two episodes of one
+task, interleaved, each score as alone (test_parity_v1.py compares the domain with tau2's own run, perturbations
+included). A variant the release
+lacks, one that calls a service not connected, and the domain under v0.2.1 are each refused before anything starts,
+in one line."""
+
+import json
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from nemo_tau2.config import ConfigError, apply_overrides, load_config
+from nemo_tau2.evals.eval import build_eval_rows, run_eval, setup_eval
+from nemo_tau2.tau2_release.client import Tau2Worker, Tau2WorkerError
+from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
+from nemo_tau2.testing.release_tasks import write_release_tasks
+from tests.tau2_v1_env import tau2_v1_python
+from tests.unit.tau2_release.episode_scripts import episode_scripts
+from tests.unit.tau2_release.worker_episodes import play, play_interleaved, summary
+
+FAKE = "examples/configs/evals/tau2_fake.yaml"
+DOMAIN = "banking_knowledge"
+
+
+@pytest.fixture(scope="module")
+def release_tasks(worker, tmp_path_factory) -> Path:
+    """The release's banking tasks, for the scripted policy (gold actions) and user (scenario)."""
+    tasks = worker.request("tasks", domain=DOMAIN, split=None)
+    assert len(tasks) == 97
+    return write_release_tasks(tmp_path_factory.mktemp("tasks") / "banking.json", {DOMAIN: tasks})
+
+
+def _eval_config(save: Path, judge, release_tasks: Path, *overrides: str):
+    raw = apply_overrides(
+        load_config(FAKE),
+        [
+            f"eval.save_path={save}",
+            "eval.num_tests_per_prompt=1",
+            "eval.k_values=[1]",
+            "eval.bootstrap_samples=0",
+            "eval.max_concurrency=16",
+            "data.split=base",
+            "++tau2.version=v1.0.1",
+            f"++tau2.python={tau2_v1_python()}",
+            "++tau2.judge.model=scripted-judge",
+            f"++tau2.judge.base_url={judge.base_url}",
+            f"++policy.generation.fake_cfg.tau2.release_tasks={release_tasks}",
+            f"++user.generation.fake_cfg.tau2.release_tasks={release_tasks}",
+            *overrides,
+        ],
+    )
+    raw.data.domains = OmegaConf.create([DOMAIN])
+    return raw
+
+
+def test_the_oracle_scores_one_on_every_banking_task_with_bm25_grep(judge, release_tasks, tmp_path):
+    raw = _eval_config(tmp_path, judge, release_tasks)
+    summary, _ = run_eval(setup_eval(raw), raw)
+    records = [json.loads(line) for line in (tmp_path / "rollouts.jsonl").read_text().splitlines() if line.strip()]
+    assert len(records) == 97 and summary["tau2_version"] == "v1.0.1"
+    failed = [(r["task_id"], r["status"], r.get("reward"), r.get("error")) for r in records if r.get("reward") != 1.0]
+    assert failed == []
+    prompts = json.loads((tmp_path / "system_prompts.json").read_text())
+    assert len(prompts["prompts"]) == 1 and len(prompts["tasks"]) == 97  # one prompt: bm25_grep's is the task's own
+    assert "KB_search" in prompts["prompts"][0] and "grep" in prompts["prompts"][0]
+
+
+def test_a_variant_the_release_lacks_or_one_needing_a_service_is_refused_at_start(judge):
+    with pytest.raises(Tau2WorkerError, match=r"^tau2.retrieval_variant / tau2.retrieval_kwargs: .*'no_such'"):
+        Tau2Worker(Tau2ReleaseConfig(version="v1.0.1", python=tau2_v1_python(), retrieval_variant="no_such"))
+    with pytest.raises(Tau2WorkerError, match=r"'alltools' calls openai_embeddings, shell, which nemo-tau2"):
+        Tau2Worker(Tau2ReleaseConfig(version="v1.0.1", python=tau2_v1_python(), retrieval_variant="alltools"))
+
+
+def test_banking_knowledge_under_v021_is_refused_in_one_line_naming_v101(tmp_path, judge, release_tasks):
+    raw = _eval_config(tmp_path, judge, release_tasks, "++tau2.version=v0.2.1")
+    with pytest.raises(ConfigError) as refused:
+        setup_eval(raw)
+    message = str(refused.value)
+    assert "domain 'banking_knowledge' is tau2 v1.0.1's (not in v0.2.1): set tau2.version=v1.0.1" in message
+    assert "\n" not in message
+
+
+def test_two_interleaved_episodes_of_one_task_each_score_as_if_alone(worker):
+    """Each episode its own DB, unlocked tools and discoverable-tool log: the oracle and a call-without-unlock of the
+    same task, step by step in turn, score and answer exactly as each does alone."""
+    greeting = worker.request("greeting")
+    task = next(
+        task
+        for task in worker.request("tasks", domain=DOMAIN, split="base")
+        if {"call_without_unlock", "no_verification"} <= set(episode_scripts(task, greeting))
+    )
+    scripts = episode_scripts(task, greeting)
+    pair = [scripts["oracle"], scripts["call_without_unlock"]]
+    alone = [summary(play(worker, DOMAIN, task["id"], script)) for script in pair]
+    together = [summary(played) for played in play_interleaved(worker, DOMAIN, task["id"], pair)]
+    assert together == alone and [episode["reward"] for episode in alone] == [1.0, 0.0]
+
+
+def test_rows_of_another_retrieval_variant_are_refused_before_anything_starts(tmp_path, judge, release_tasks):
+    rows = tmp_path / "rows.jsonl"
+    row = {
+        "domain": DOMAIN,
+        "task_id": "task_001",
+        "tau2_version": "v1.0.1",
+        "retrieval_variant": "golden_retrieval",
+        "responses_create_params": {"input": []},
+        "agent_ref": {"type": "responses_api_agents", "name": "tau2_agent"},
+    }
+    rows.write_text(json.dumps(row) + "\n")
+    raw = _eval_config(tmp_path / "out", judge, release_tasks, f"data.data_path={rows}")
+    with pytest.raises(ConfigError, match=r"written for retrieval variant \['golden_retrieval'\], not tau2.retriev"):
+        build_eval_rows(setup_eval(raw))  # what run_eval does first, before any server starts
