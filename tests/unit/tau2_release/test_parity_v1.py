@@ -66,6 +66,13 @@ def reference_results(references: list[subprocess.Popen]) -> dict:
     return {key: value | {"tool_answers": list(map(untimed, value["tool_answers"]))} for key, value in theirs.items()}
 
 
+def assert_same_as_tau2(ours: dict, theirs: dict) -> None:
+    assert ours.keys() == theirs.keys()
+    mismatches = [key for key in ours if ours[key] != theirs[key]]
+    example = mismatches[0] if mismatches else None
+    assert not mismatches, f"{len(mismatches)} differ, e.g. {example}: {ours.get(example)} vs {theirs.get(example)}"
+
+
 def parity_tasks(every: list[dict], domain: str, all_tasks: bool) -> list[dict]:
     """The base tasks a run compares: all of them with ``--all-base-tasks``; else every third by position (the
     warmed and the unwarmed alike, since warming alternates), plus the tasks whose gold writes v1.0.1 changed."""
@@ -92,11 +99,7 @@ def test_every_base_task_scores_as_tau2_v1_scores_it(worker, judge, request):
             for name, script in episode_scripts(task, greeting).items():
                 ours[f"{domain}/{task['id']}/{name}"] = summary(play(worker, domain, task["id"], script))
 
-    theirs = reference_results(references)
-    assert ours.keys() == theirs.keys()
-    mismatches = [key for key in ours if ours[key] != theirs[key]]
-    example = mismatches[0] if mismatches else None
-    assert not mismatches, f"{len(mismatches)} differ, e.g. {example}: {ours.get(example)} vs {theirs.get(example)}"
+    assert_same_as_tau2(ours, reference_results(references))
     warming = worker.request("warming")
     assert warming["failed"] == 0 and warming["adopted"] > 0, warming  # half the tasks scored warmed, all as tau2
 
@@ -127,11 +130,7 @@ def test_banking_knowledge_scores_as_tau2_v1_scores_it_with_its_runners_argument
     for task in tasks:
         for name, script in episode_scripts(task, greeting).items():
             ours[f"{domain}/{task['id']}/{name}"] = summary(play(worker, domain, task["id"], script))
-    theirs = reference_results(references)
-    assert ours.keys() == theirs.keys()
-    mismatches = [key for key in ours if ours[key] != theirs[key]]
-    example = mismatches[0] if mismatches else None
-    assert not mismatches, f"{len(mismatches)} differ, e.g. {example}: {ours.get(example)} vs {theirs.get(example)}"
+    assert_same_as_tau2(ours, reference_results(references))
     assert len(tasks) == 33 and all(ours[key]["reward"] == 1.0 for key in ours if key.endswith("/oracle"))
     for kind in ("call_without_unlock", "no_verification", "wrong_write"):
         assert any(key.endswith(f"/{kind}") and ours[key]["reward"] == 0.0 for key in ours), kind
