@@ -66,6 +66,9 @@ SLOW_MODULES = frozenset(
         "gym/test_gym_cli.py",
         # the Gym side on NeMo-Gym 0.7.0: a pytest process of its own in the Python 3.13 environment
         "gym/test_nemo_gym_0_7.py",
+        # NeMo-RL's own Gym path in its environment, starting our servers through NeMo-Gym (each builds their venvs)
+        "gym/test_nemo_rl_client.py",
+        "gym/test_nemo_rl_client_gym04.py",
         # Megatron process groups
         "models/megatron/test_conversion.py",
         "models/megatron/test_cpu_mode.py",
@@ -78,6 +81,7 @@ SLOW_MODULES = frozenset(
         "tau2_release/test_export_v1.py",
         "tau2_release/test_gym_eval_v1.py",
         "tau2_release/test_parity_v1.py",
+        "tau2_release/test_banking_knowledge.py",
         "tau2_release/test_resources_server_v1.py",
         "tau2_release/test_worker_snapshots.py",
     }

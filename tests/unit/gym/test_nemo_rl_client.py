@@ -30,7 +30,6 @@ from tests.unit.gym.nemo_rl_client import (
     run_nemo_rl,
 )
 
-pytestmark = pytest.mark.slow
 V1_TASKS = "5,[service_issue]airplane_mode_on|lock_sim_card_pin[PERSONA:Easy]"  # airline 5, retail 5, telecom
 
 

@@ -32,8 +32,6 @@ from tests.unit.gym.nemo_rl_client import (
     run_nemo_rl,
 )
 
-pytestmark = pytest.mark.slow
-
 
 @pytest.fixture(scope="module")
 def smollm2_server():
