@@ -40,7 +40,7 @@ from nemo_tau2.generation.local_models import register_local_model_resolver
 from nemo_tau2.generation.prefix_cache import PrefixCacheCounters
 from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec
 from nemo_tau2.tau2_env.gym_rows import load_rows
-from nemo_tau2.tau2_release.client import Tau2WorkerError
+from nemo_tau2.tau2_release.client import KNOWLEDGE_DOMAINS, Tau2WorkerError
 from nemo_tau2.tau2_release.results_export import RESULTS_DIR, export_results
 from nemo_tau2.tau2_release.rows import check_release, release_rows
 from nemo_tau2.utils.metrics_logger import MetricsLogger
@@ -135,12 +135,15 @@ def summarize(cfg: EvalMasterConfig, raw: DictConfig, log: RolloutLog) -> dict[s
     records = [EpisodeRecord.from_dict(record) for record in log]
     # logs written before records named their model have no policy_model: they are read, not refused
     produced_by = sorted({str(record["policy_model"]) for record in log if record.get("policy_model")})
+    knowledge = any(record.get("domain") in KNOWLEDGE_DOMAINS for record in log)
     metrics = compute_eval_metrics(
         records, ks=cfg.eval.k_values, num_bootstrap=cfg.eval.bootstrap_samples, seed=cfg.eval.seed
     )
     return {
         **policy_model_names(cfg, raw),
         "tau2_version": cfg.tau2.version,
+        # banking_knowledge's scores are the variant's (its prompt, tools and retrieval): None without the domain
+        "retrieval_variant": cfg.tau2.retrieval_variant if knowledge else None,
         "episodes_produced_by": produced_by,  # what the policy's server called itself, per record
         "num_tests_per_prompt": cfg.eval.num_tests_per_prompt,
         "k_values": cfg.eval.k_values,

@@ -82,6 +82,7 @@ class RolloutResult:
     task_id: str
     status: EpisodeStatus
     tau2_version: str | None = None  # the release that seeded the episode (None: it failed before seeding)
+    retrieval_variant: str | None = None  # banking_knowledge: tau2's retrieval variant it was played with
     policy_model: str | None = None
     reward: float | None = None
     success: bool | None = None
@@ -195,6 +196,7 @@ def result_from_response(
             status=EpisodeStatus.INFRASTRUCTURE_ERROR,
             policy_model=body.get("policy_model") if isinstance(body, dict) else None,
             tau2_version=body.get("tau2_version") if isinstance(body, dict) else None,
+            retrieval_variant=body.get("retrieval_variant") if isinstance(body, dict) else None,
             error=f"agent /run HTTP {status_code}: {detail}",
             full_result=body if keep_full_result and isinstance(body, dict) else None,
         )

@@ -24,6 +24,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+from nemo_tau2.env_cache import cache_root
 from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
 
 logger = logging.getLogger(__name__)
@@ -51,6 +52,11 @@ class Tau2JudgeError(RuntimeError):
     """The NL-assertion judge gave no usable verdict (HTTP error, invalid JSON, no results): infrastructure."""
 
 
+class Tau2ServiceError(Tau2WorkerError):
+    """An outside service of the run (banking_knowledge's embedding endpoint) failed while the worker answered:
+    infrastructure, like a dead worker (nothing was recorded; a retry asks again), never a score."""
+
+
 def release_python(config: Tau2ReleaseConfig) -> str:
     """The interpreter of the configured release's environment; one-line error naming the fix if there is none."""
     python = config.python or os.environ.get(TAU2_V1_PYTHON_ENV)
@@ -61,9 +67,12 @@ def release_python(config: Tau2ReleaseConfig) -> str:
     return python
 
 
-#: What a retrieval variant may call that this project serves (``configure_retrieval``'s ``needs``): none yet
-#: beyond the release's own offline indexes (BM25, grep) and prompts.
-SERVED_RETRIEVAL_NEEDS: frozenset[str] = frozenset()
+#: What a retrieval variant may call that this project connects (``configure_retrieval``'s ``needs``), beyond the
+#: release's own offline indexes (BM25, grep) and prompts: an embedding endpoint (``tau2.embeddings``).
+EMBEDDING_NEEDS = {"openai_embeddings": "openai", "openrouter_embeddings": "openrouter"}
+SERVED_RETRIEVAL_NEEDS: frozenset[str] = frozenset(EMBEDDING_NEEDS)
+#: tau2's own key variable per embedding provider, read when ``tau2.embeddings`` names no endpoint.
+PROVIDER_KEY_VARIABLES = {"openai": "OPENAI_API_KEY", "openrouter": "OPENROUTER_API_KEY"}
 #: The domains whose environments take a retrieval variant.
 KNOWLEDGE_DOMAINS = ("banking_knowledge",)
 #: tau2 v1.0.1's variants that call no outside service (and no shell sandbox).
@@ -130,7 +139,38 @@ class Tau2Worker:
                 f"tau2.retrieval_variant {config.retrieval_variant!r} calls {', '.join(unserved)}, which nemo-tau2 "
                 f"does not connect yet; offline variants: {', '.join(OFFLINE_RETRIEVAL_VARIANTS)}"
             )
+        providers = [EMBEDDING_NEEDS[need] for need in resolved["needs"] if need in EMBEDDING_NEEDS]
+        if providers:
+            resolved["embeddings"] = self._connect_embeddings(config, providers[0])
         return resolved
+
+    def _connect_embeddings(self, config: Tau2ReleaseConfig, provider: str) -> dict[str, Any]:
+        """Point the variant's embedder at ``tau2.embeddings`` and have the worker index the corpus now: a missing
+        key, or an endpoint that cannot embed it, is refused here in one line, before any episode."""
+        embeddings = config.embeddings
+        variable = embeddings.api_key_env or (None if embeddings.base_url else PROVIDER_KEY_VARIABLES[provider])
+        if variable and not os.environ.get(variable):
+            self.close()
+            named = "tau2.embeddings.api_key_env names" if embeddings.api_key_env else "it needs"
+            raise Tau2WorkerError(
+                f"tau2.retrieval_variant {config.retrieval_variant!r} embeds through {provider}'s API and "
+                f"{named} ${variable}, which is not set: export it, or set tau2.embeddings.base_url to an "
+                "OpenAI-compatible /v1/embeddings (vLLM, llama.cpp; docs/banking-knowledge.md)"
+            )
+        cache_dir = embeddings.cache_dir or str(cache_root() / "embeddings")
+        try:
+            return self.request(
+                "connect_embeddings",
+                timeout_s=config.start_timeout_s,
+                base_url=embeddings.base_url,
+                model=embeddings.model,
+                api_key_env=variable,
+                request_timeout_s=embeddings.timeout_s,
+                cache_dir=cache_dir,
+            )
+        except (Tau2ServiceError, Tau2WorkerError) as e:
+            self.close()
+            raise Tau2WorkerError(f"tau2.embeddings: {e}") from None
 
     def _read_line(self, timeout_s: float, doing: str) -> dict:
         """The worker's next answer line: waited for with select() (no thread per request: ~0.1 ms of each)."""
@@ -171,6 +211,8 @@ class Tau2Worker:
             raise Tau2RequestError(error)
         if kind == "judge":
             raise Tau2JudgeError(error)
+        if kind == "service":
+            raise Tau2ServiceError(error)
         raise Tau2WorkerError(f"tau2 {self.config.version} {op} failed: {error}")
 
     def verify(self, episode_id: str, messages: list[dict], termination_reason: str) -> dict:

@@ -26,6 +26,35 @@ class NLJudgeConfig(BaseModel):
     timeout_s: float = Field(default=120.0, gt=0, description="Per judge call.")
 
 
+class EmbeddingsConfig(BaseModel):
+    """The embedding endpoint of banking_knowledge's dense variants (``openai_embeddings*``, ``qwen_embeddings*``,
+    ``alltools*``): tau2 calls OpenAI's or OpenRouter's API; any OpenAI-compatible ``/v1/embeddings`` (vLLM,
+    llama.cpp) serves here instead."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base_url: str | None = Field(
+        default=None,
+        description="OpenAI-compatible endpoint (…/v1); null: the provider the variant names (OpenAI's API for "
+        "openai_*/alltools, OpenRouter's for qwen_*), with its key.",
+    )
+    model: str | None = Field(
+        default=None,
+        description="Embedding model; null: the variant's own (text-embedding-3-large, qwen3-embedding-8b).",
+    )
+    api_key_env: str | None = Field(
+        default=None,
+        description="Name of the environment variable holding the key (never the key itself); null: tau2's own "
+        "(OPENAI_API_KEY, OPENROUTER_API_KEY) without base_url, no key with one.",
+    )
+    timeout_s: float = Field(default=60.0, gt=0, allow_inf_nan=False, description="Per embedding request.")
+    cache_dir: str | None = Field(
+        default=None,
+        description="Document embeddings on disk, keyed by provider, model and corpus, so a second start embeds "
+        "none; null: ~/.cache/nemo-tau2/embeddings.",
+    )
+
+
 class Tau2ReleaseConfig(BaseModel):
     """One schema for the tau2 release everywhere (eval, GRPO, SFT data, the env API, the resources server)."""
 
@@ -51,6 +80,9 @@ class Tau2ReleaseConfig(BaseModel):
         default_factory=dict,
         description="banking_knowledge: the variant's overrides (tau2's --retrieval-config-kwargs: top_k, "
         "grep_top_k, case_sensitive, reranker_min_score).",
+    )
+    embeddings: EmbeddingsConfig = Field(
+        default_factory=EmbeddingsConfig, description="banking_knowledge's dense variants: the embedding endpoint."
     )
     start_timeout_s: float = Field(
         default=300.0,

@@ -19,6 +19,7 @@ import orjson
 
 import nemo_tau2.testing.chat_tokens as chat_tokens
 from nemo_tau2.testing.config import ControlRequest, FakeServerConfig
+from nemo_tau2.testing.embeddings import EmbeddingRequestError, embeddings_answer
 from nemo_tau2.testing.faults import FaultInjector
 from nemo_tau2.testing.scripts import (
     RegisteredScripts,
@@ -44,12 +45,19 @@ class FakeStats:
     requests_by_key: Counter = field(default_factory=Counter)  # chat completions per conversation key
     faults_by_kind: Counter = field(default_factory=Counter)
     responses_by_status: Counter = field(default_factory=Counter)
+    texts_embedded_by_model: Counter = field(default_factory=Counter)  # /v1/embeddings inputs answered
 
     def copy(self) -> "FakeStats":
         return FakeStats(*(Counter(counter) for counter in self._counters()))
 
     def _counters(self) -> tuple[Counter, ...]:
-        return self.requests_by_route, self.requests_by_key, self.faults_by_kind, self.responses_by_status
+        return (
+            self.requests_by_route,
+            self.requests_by_key,
+            self.faults_by_kind,
+            self.responses_by_status,
+            self.texts_embedded_by_model,
+        )
 
     def to_json(self) -> dict[str, dict[str, int]]:
         return {
@@ -57,13 +65,14 @@ class FakeStats:
             "requests_by_key": dict(self.requests_by_key),
             "faults_by_kind": dict(self.faults_by_kind),
             "responses_by_status": {str(status): n for status, n in self.responses_by_status.items()},
+            "texts_embedded_by_model": dict(self.texts_embedded_by_model),
         }
 
     @classmethod
     def from_json(cls, data: dict[str, dict[str, int]]) -> "FakeStats":
         statuses = Counter({int(status): n for status, n in data["responses_by_status"].items()})
         counters = (Counter(data[name]) for name in ("requests_by_route", "requests_by_key", "faults_by_kind"))
-        return cls(*counters, statuses)
+        return cls(*counters, statuses, Counter(data.get("texts_embedded_by_model", {})))
 
 
 class FakeEngine:
@@ -201,6 +210,15 @@ class FakeEngine:
         else:
             raise RequestError("a /tokenize body needs 'messages' (a list) or 'prompt' (a string)")
         return {"count": count, "max_model_len": self.config.max_model_len, "tokens": tokens, "token_strs": None}
+
+    def embed(self, body: Any) -> dict[str, Any]:
+        """``/v1/embeddings``: deterministic hashed bag-of-words vectors (:mod:`nemo_tau2.testing.embeddings`)."""
+        try:
+            answer = embeddings_answer(body)
+        except EmbeddingRequestError as e:
+            raise RequestError(str(e)) from e
+        self.stats.texts_embedded_by_model[answer["model"]] += len(answer["data"])
+        return answer
 
     def models(self) -> dict[str, Any]:
         return {

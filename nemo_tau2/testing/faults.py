@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 FaultKind = Literal["http_500", "http_503", "http_429", "timeout", "garbage", "drop"]
-FaultRoute = Literal["chat", "tokenize", "any"]
+FaultRoute = Literal["chat", "tokenize", "embeddings", "any"]
 HTTP_FAULT_STATUS = {"http_500": 500, "http_503": 503, "http_429": 429}
 
 
@@ -27,7 +27,9 @@ class FaultSpec(BaseModel):
         "hold_s, then answer normally; garbage: 200 whose body is not valid JSON; drop: close the connection "
         "without a response"
     )
-    route: FaultRoute = Field("chat", description="chat = /v1/chat/completions, tokenize = /tokenize, any = both")
+    route: FaultRoute = Field(
+        "chat", description="chat = /v1/chat/completions, tokenize = /tokenize, embeddings = /v1/embeddings, any = all"
+    )
     key: str | None = Field(None, description="only requests with exactly this conversation key")
     key_pattern: str | None = Field(None, description="only requests whose key matches this regex (re.search)")
     count: int | None = Field(1, ge=1, description="hit this many requests, then expire; null = never expire")

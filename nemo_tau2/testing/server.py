@@ -5,8 +5,8 @@ closes the transport), and because its server runs on any event loop, so one ser
 loop, in a background thread or in a subprocess. All waiting (latency, held requests) is ``asyncio.sleep``: no
 thread per request.
 
-Routes: ``POST /v1/chat/completions``, ``POST /tokenize``, ``GET /v1/models``, ``GET /health``, and for tests
-``POST /fake/control`` (body: :class:`ControlRequest`) and ``GET /fake/stats``.
+Routes: ``POST /v1/chat/completions``, ``POST /tokenize``, ``POST /v1/embeddings``, ``GET /v1/models``,
+``GET /health``, and for tests ``POST /fake/control`` (body: :class:`ControlRequest`) and ``GET /fake/stats``.
 """
 
 import asyncio
@@ -49,6 +49,7 @@ class FakeHTTPServer:
         app = web.Application(client_max_size=64 * 1024**2, middlewares=[self._count_statuses])
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/tokenize", self._tokenize)
+        app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_post("/fake/control", self._control)
@@ -79,6 +80,9 @@ class FakeHTTPServer:
 
     async def _tokenize(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, "tokenize", self.engine.tokenize)
+
+    async def _embeddings(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, "embeddings", self.engine.embed)
 
     async def _serve(self, request: web.Request, route: str, answer: Callable[[Any], dict]) -> web.StreamResponse:
         stats = self.engine.stats

@@ -55,6 +55,7 @@ class EpisodeState:
     user_history: list[dict] = field(default_factory=list)  # the user's view (flipped roles)
     user_system_prompt: str = ""
     tau2_version: str | None = None  # the release the resources server seeded the episode with (None: unseeded)
+    retrieval_variant: str | None = None  # banking_knowledge: the retrieval variant it was seeded with
     tau2_messages: list[dict] = field(default_factory=list)  # tau2's trajectory (what tau2 v1.0.1 scores)
     user_tools: list[dict] = field(default_factory=list)
     steps: int = 0

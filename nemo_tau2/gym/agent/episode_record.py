@@ -47,6 +47,9 @@ class EpisodeData(BaseModel):
     domain: str
     task_id: str
     tau2_version: str | None = Field(description="The tau2 release that seeded the episode (None: never seeded).")
+    retrieval_variant: str | None = Field(
+        default=None, description="banking_knowledge: tau2's retrieval variant it was played with (else None)."
+    )
     conversation_id: str
     policy_model: str | None = Field(description="The model that played the policy (as its server names it).")
     error: str | None = Field(description="The infrastructure failure, when status is infrastructure_error.")

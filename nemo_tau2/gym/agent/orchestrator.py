@@ -158,6 +158,7 @@ class EpisodeOrchestrator:
             domain=state.domain,
             task_id=state.task_id,
             tau2_version=state.tau2_version,
+            retrieval_variant=state.retrieval_variant,
             conversation_id=state.conversation_id,
             policy_model=(state.last_policy_response or {}).get("model") or self.endpoints.policy,
             error=error,

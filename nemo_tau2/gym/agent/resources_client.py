@@ -64,6 +64,7 @@ class HttpTau2Session:
         state.user_system_prompt = response.body["user_system_prompt"]
         state.user_tools = response.body["user_tools"]
         state.tau2_version = response.body.get("tau2_version", "v0.2.1")
+        state.retrieval_variant = response.body.get("retrieval_variant")
 
     async def call_tool(
         self, state: EpisodeState, name: str, arguments: dict, requestor: str, call_id: str

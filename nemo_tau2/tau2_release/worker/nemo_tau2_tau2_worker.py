@@ -15,8 +15,8 @@ docstring once per process and the tool types the evaluator reads once per toolk
 episode is played (``nemo_tau2_tau2_warming``), so the verify finds it memoised.
 
 Answers: ``{"id", "ok": true, "result"}`` or ``{"id", "ok": false, "kind", "error"}`` where ``kind`` is
-``bad_request`` (unknown domain/task/episode, malformed message), ``judge`` (the NL-assertion judge failed:
-an infrastructure error, never a score) or ``internal``.
+``bad_request`` (unknown domain/task/episode, malformed message), ``judge`` (the NL-assertion judge failed),
+``service`` (an embedding endpoint failed; both infrastructure errors, never a score) or ``internal``.
 """
 
 import json
@@ -35,7 +35,7 @@ from loguru import logger  # noqa: E402  (tau2's logger; quiet unless asked)
 logger.remove()
 logger.add(sys.stderr, level=os.environ.get("NEMO_TAU2_TAU2_LOG_LEVEL", "ERROR"))
 
-import tau2.evaluator.evaluator_nl_assertions as nl_assertions  # noqa: E402
+import nemo_tau2_tau2_services as _services  # noqa: E402
 from nemo_tau2_tau2_retrieval import RunRetrieval  # noqa: E402
 from nemo_tau2_tau2_snapshots import DomainSnapshots  # noqa: E402
 from nemo_tau2_tau2_tool_specs import memoise_tool_parsing, memoise_tool_types  # noqa: E402
@@ -97,28 +97,19 @@ def _task(domain: str, task_id: str):
     return tasks[str(task_id)]
 
 
-def configure_judge(model: str, base_url: str | None = None, api_key_env: str | None = None, **llm_args) -> dict:
-    """Point tau2's NL-assertion judge (its model and litellm arguments) at the configured endpoint."""
-    args = dict(nl_assertions.DEFAULT_LLM_NL_ASSERTIONS_ARGS)
-    args.update({key: value for key, value in llm_args.items() if value is not None})
-    litellm_model = model
-    if base_url:
-        litellm_model = model if model.startswith("openai/") else f"openai/{model}"
-        args["api_base"] = base_url
-        args["api_key"] = os.environ.get(api_key_env, "") if api_key_env else "none"
-    elif api_key_env:
-        args["api_key"] = os.environ.get(api_key_env, "")
-    nl_assertions.DEFAULT_LLM_NL_ASSERTIONS = litellm_model
-    nl_assertions.DEFAULT_LLM_NL_ASSERTIONS_ARGS = args
-    return {"model": litellm_model, "base_url": base_url}
-
-
 def configure_retrieval(variant: str | None, kwargs: dict | None = None) -> dict:
     """The run's knowledge-retrieval variant (banking_knowledge), checked against the release's own registry."""
     try:
         return _retrieval.configure(variant, kwargs)
     except (ValueError, TypeError) as e:
         raise BadRequest(f"retrieval variant: {e}") from e
+
+
+def connect_embeddings(**endpoint) -> dict:
+    """Point the dense variants' embedders at the configured endpoint; the corpus is indexed now, so an endpoint
+    that cannot embed it is refused at start, not mid-episode."""
+    first = _task_or_first("banking_knowledge", None)
+    return _services.connect_embeddings(**endpoint, index=lambda: _environment("banking_knowledge", first))
 
 
 def _environment(domain: str, task):
@@ -215,6 +206,7 @@ def call_tool(episode_id: str, name: str, arguments: dict, requestor: str = "ass
         raise BadRequest("arguments must be a JSON object")
     call = ToolCall(id=call_id, name=name, arguments=arguments, requestor=requestor)
     message = _episode(episode_id)["env"].get_response(call)
+    _services.raise_faults(f"answering {name}")  # the call's answer is that failure's, not the tool's: not kept
     return {"content": message.content, "error": message.error}
 
 
@@ -258,7 +250,9 @@ def evaluate(domain: str, task_id: str, messages: list, termination_reason: str)
     try:
         forked, env_kwargs = _snapshots.forked_domain(domain), _retrieval.env_kwargs(domain, task)
         info = evaluate_simulation(simulation, task, EvaluationType.ALL, False, domain=forked, env_kwargs=env_kwargs)
+        _services.raise_faults("scoring")
     except Exception as e:  # noqa: BLE001  (sorted into judge faults and the rest below)
+        _services.raise_faults("scoring")
         if _from_judge(e):
             raise JudgeError(f"NL-assertion judge failed: {type(e).__name__}: {e}") from e
         raise
@@ -318,8 +312,9 @@ def end(episode_id: str) -> dict:
 
 
 OPERATIONS = {
-    "configure_judge": configure_judge,
+    "configure_judge": _services.configure_judge,
     "configure_retrieval": configure_retrieval,
+    "connect_embeddings": connect_embeddings,
     "splits": splits,
     "tasks": tasks,
     "agent_system_prompt": agent_system_prompt,
@@ -348,6 +343,8 @@ def answer(request: dict) -> dict:
         return {"ok": False, "kind": "bad_request", "error": f"{request.get('op')}: {e}"}
     except JudgeError as e:
         return {"ok": False, "kind": "judge", "error": str(e)}
+    except _services.ServiceError as e:
+        return {"ok": False, "kind": "service", "error": str(e)}
     except Exception as e:  # noqa: BLE001  (reported to the caller with its traceback on stderr)
         traceback.print_exc()
         return {"ok": False, "kind": "internal", "error": f"{type(e).__name__}: {e}"}

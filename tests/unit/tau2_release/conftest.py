@@ -1,8 +1,11 @@
 """The two servers every tau2 v1.0.1 test talks to: the scripted NL-assertion judge and our worker in v1.0.1's
 environment, wired to that judge. One of each for the package: the worker takes ~35 s to start on a loaded box."""
 
+from pathlib import Path
+
 import pytest
 
+from nemo_tau2.testing.release_tasks import write_release_tasks
 from nemo_tau2.testing.scripted_judge import ScriptedJudge
 from tests.unit.tau2_release.episode_scripts import JUDGE_FAIL_MARKER
 from tests.unit.tau2_release.worker_episodes import JUDGE_ATTEMPTS, judged_worker
@@ -19,3 +22,11 @@ def judge():
 def worker(judge):
     with judged_worker(judge, max_attempts=JUDGE_ATTEMPTS, timeout_s=10) as started:
         yield started
+
+
+@pytest.fixture(scope="package")
+def release_tasks(worker, tmp_path_factory) -> Path:
+    """The release's banking tasks, for the scripted policy (gold actions) and user (scenario)."""
+    tasks = worker.request("tasks", domain="banking_knowledge", split=None)
+    assert len(tasks) == 97
+    return write_release_tasks(tmp_path_factory.mktemp("tasks") / "banking.json", {"banking_knowledge": tasks})

@@ -9,57 +9,23 @@ lacks, one that calls a service not connected, and the domain under v0.2.1 are e
 in one line."""
 
 import json
-from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
-from nemo_tau2.config import ConfigError, apply_overrides, load_config
+from nemo_tau2.config import ConfigError
 from nemo_tau2.evals.eval import build_eval_rows, run_eval, setup_eval
 from nemo_tau2.tau2_release.client import Tau2Worker, Tau2WorkerError
 from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
-from nemo_tau2.testing.release_tasks import write_release_tasks
 from tests.tau2_v1_env import tau2_v1_python
+from tests.unit.tau2_release.banking_eval import banking_eval_config
 from tests.unit.tau2_release.episode_scripts import episode_scripts
 from tests.unit.tau2_release.worker_episodes import play, play_interleaved, summary
 
-FAKE = "examples/configs/evals/tau2_fake.yaml"
 DOMAIN = "banking_knowledge"
 
 
-@pytest.fixture(scope="module")
-def release_tasks(worker, tmp_path_factory) -> Path:
-    """The release's banking tasks, for the scripted policy (gold actions) and user (scenario)."""
-    tasks = worker.request("tasks", domain=DOMAIN, split=None)
-    assert len(tasks) == 97
-    return write_release_tasks(tmp_path_factory.mktemp("tasks") / "banking.json", {DOMAIN: tasks})
-
-
-def _eval_config(save: Path, judge, release_tasks: Path, *overrides: str):
-    raw = apply_overrides(
-        load_config(FAKE),
-        [
-            f"eval.save_path={save}",
-            "eval.num_tests_per_prompt=1",
-            "eval.k_values=[1]",
-            "eval.bootstrap_samples=0",
-            "eval.max_concurrency=16",
-            "data.split=base",
-            "++tau2.version=v1.0.1",
-            f"++tau2.python={tau2_v1_python()}",
-            "++tau2.judge.model=scripted-judge",
-            f"++tau2.judge.base_url={judge.base_url}",
-            f"++policy.generation.fake_cfg.tau2.release_tasks={release_tasks}",
-            f"++user.generation.fake_cfg.tau2.release_tasks={release_tasks}",
-            *overrides,
-        ],
-    )
-    raw.data.domains = OmegaConf.create([DOMAIN])
-    return raw
-
-
 def test_the_oracle_scores_one_on_every_banking_task_with_bm25_grep(judge, release_tasks, tmp_path):
-    raw = _eval_config(tmp_path, judge, release_tasks)
+    raw = banking_eval_config(tmp_path, judge, release_tasks)
     summary, _ = run_eval(setup_eval(raw), raw)
     records = [json.loads(line) for line in (tmp_path / "rollouts.jsonl").read_text().splitlines() if line.strip()]
     assert len(records) == 97 and summary["tau2_version"] == "v1.0.1"
@@ -73,12 +39,12 @@ def test_the_oracle_scores_one_on_every_banking_task_with_bm25_grep(judge, relea
 def test_a_variant_the_release_lacks_or_one_needing_a_service_is_refused_at_start(judge):
     with pytest.raises(Tau2WorkerError, match=r"^tau2.retrieval_variant / tau2.retrieval_kwargs: .*'no_such'"):
         Tau2Worker(Tau2ReleaseConfig(version="v1.0.1", python=tau2_v1_python(), retrieval_variant="no_such"))
-    with pytest.raises(Tau2WorkerError, match=r"'alltools' calls openai_embeddings, shell, which nemo-tau2"):
+    with pytest.raises(Tau2WorkerError, match=r"'alltools' calls shell, which nemo-tau2 does not connect yet"):
         Tau2Worker(Tau2ReleaseConfig(version="v1.0.1", python=tau2_v1_python(), retrieval_variant="alltools"))
 
 
 def test_banking_knowledge_under_v021_is_refused_in_one_line_naming_v101(tmp_path, judge, release_tasks):
-    raw = _eval_config(tmp_path, judge, release_tasks, "++tau2.version=v0.2.1")
+    raw = banking_eval_config(tmp_path, judge, release_tasks, "++tau2.version=v0.2.1")
     with pytest.raises(ConfigError) as refused:
         setup_eval(raw)
     message = str(refused.value)
@@ -113,6 +79,6 @@ def test_rows_of_another_retrieval_variant_are_refused_before_anything_starts(tm
         "agent_ref": {"type": "responses_api_agents", "name": "tau2_agent"},
     }
     rows.write_text(json.dumps(row) + "\n")
-    raw = _eval_config(tmp_path / "out", judge, release_tasks, f"data.data_path={rows}")
+    raw = banking_eval_config(tmp_path / "out", judge, release_tasks, f"data.data_path={rows}")
     with pytest.raises(ConfigError, match=r"written for retrieval variant \['golden_retrieval'\], not tau2.retriev"):
         build_eval_rows(setup_eval(raw))  # what run_eval does first, before any server starts

@@ -37,9 +37,12 @@ REFERENCE_PROCESSES = max(2, min(4, os.cpu_count() or 1))
 CHANGED_GOLD = {"airline": ["2", "23", "38", "44"], "retail": ["12", "107"]}
 
 
-def start_references(tasks: dict[str, list[dict]], judge_base_url: str, **run: str) -> list[subprocess.Popen]:
+def start_references(
+    tasks: dict[str, list[dict]], judge_base_url: str, env: dict | None = None, cwd: Path | None = None, **run: str
+) -> list[subprocess.Popen]:
     """tau2 v1.0.1 scoring every task of ``tasks`` (``run``: ``retrieval_variant``), dealt over
-    ``REFERENCE_PROCESSES`` processes."""
+    ``REFERENCE_PROCESSES`` processes (``env``: more environment variables, tau2's own way of naming endpoints;
+    ``cwd``: where tau2 keeps what it caches relative to it)."""
     domains = list(tasks)
     deal = [(domain, task["id"]) for domain in domains for task in tasks[domain]]
     references = []
@@ -48,7 +51,12 @@ def start_references(tasks: dict[str, list[dict]], judge_base_url: str, **run: s
         for domain, task_id in deal[shard::REFERENCE_PROCESSES]:
             task_ids[domain].append(task_id)
         reference = subprocess.Popen(
-            [tau2_v1_python(), str(REFERENCE)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            [tau2_v1_python(), str(REFERENCE)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=os.environ | (env or {}),
+            cwd=cwd,
         )
         request = {"domains": domains, "judge_base_url": judge_base_url, "task_ids": task_ids, **run}
         reference.stdin.write(json.dumps(request))

@@ -1,0 +1,142 @@
+"""banking_knowledge's dense variants on an embedding endpoint of the run's choosing (``tau2.embeddings``), here the
+fake server's deterministic ``/v1/embeddings``: every reward and tool answer is tau2 v1.0.1's own, its reference
+run pointed at the same endpoint tau2's way (``OPENAI_BASE_URL``); the corpus is embedded once per model and
+corpus (a second start embeds no document); an endpoint that fails mid-episode is an infrastructure error (never a
+tool answer the policy is scored on) and the retried call then answers as tau2 does; a missing key or an endpoint
+that cannot embed is refused at start in one line; the eval's Gym servers serve the variant end to end."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from nemo_tau2.evals.eval import run_eval, setup_eval
+from nemo_tau2.tau2_release.client import Tau2ServiceError, Tau2Worker, Tau2WorkerError
+from nemo_tau2.tau2_release.config import EmbeddingsConfig, NLJudgeConfig, Tau2ReleaseConfig
+from nemo_tau2.testing.fake_server import start_fake_server
+from tests.tau2_v1_env import tau2_v1_python
+from tests.unit.tau2_release.banking_eval import banking_eval_config
+from tests.unit.tau2_release.episode_scripts import episode_scripts
+from tests.unit.tau2_release.test_parity_v1 import assert_same_as_tau2, reference_results, start_references
+from tests.unit.tau2_release.worker_episodes import play, summary
+
+DOMAIN = "banking_knowledge"
+VARIANT = "openai_embeddings_grep"
+MODEL = "text-embedding-3-large"  # the variant's own: tau2's reference asks for it too
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    with start_fake_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("embeddings")
+
+
+def _config(judge, embedder, cache_dir: Path, **embeddings) -> Tau2ReleaseConfig:
+    return Tau2ReleaseConfig(
+        version="v1.0.1",
+        python=tau2_v1_python(),
+        judge=NLJudgeConfig(model="scripted-judge", base_url=judge.base_url, max_attempts=1),
+        retrieval_variant=VARIANT,
+        embeddings=EmbeddingsConfig(base_url=embedder.base_url, cache_dir=str(cache_dir), **embeddings),
+    )
+
+
+@pytest.fixture(scope="module")
+def dense_worker(judge, embedder, cache_dir):
+    with Tau2Worker(_config(judge, embedder, cache_dir)) as worker:
+        yield worker
+
+
+def test_dense_retrieval_scores_and_answers_as_tau2_on_the_same_endpoint(dense_worker, judge, embedder, tmp_path):
+    """Every ninth task, its oracle and perturbations (``extra_reads`` searches the knowledge base), ours and tau2's
+    own run on the same endpoint: identical rewards, breakdowns and tool answers; the searches are dense ones."""
+    assert dense_worker.retrieval["embeddings"]["counts"]["document_texts"] == 698  # a fresh cache: all embedded
+    greeting = dense_worker.request("greeting")
+    every = dense_worker.request("tasks", domain=DOMAIN, split="base")
+    tasks = [task for index, task in enumerate(every) if index % 9 == 0]
+    tau2_endpoint = {"OPENAI_BASE_URL": embedder.base_url, "OPENAI_API_KEY": "none"}
+    references = start_references({DOMAIN: tasks}, judge.base_url, tau2_endpoint, tmp_path, retrieval_variant=VARIANT)
+    ours = {}
+    for task in tasks:
+        for name, script in episode_scripts(task, greeting).items():
+            ours[f"{DOMAIN}/{task['id']}/{name}"] = summary(play(dense_worker, DOMAIN, task["id"], script))
+    assert_same_as_tau2(ours, reference_results(references))
+    assert all(ours[key]["reward"] == 1.0 for key in ours if key.endswith("/oracle"))
+    searches = [ours[key]["tool_answers"][0]["content"] for key in ours if key.endswith("/extra_reads")]
+    assert searches and all("Score:" in answer for answer in searches)
+    assert embedder.stats().texts_embedded_by_model[MODEL] >= 2 * 698  # both sides embedded through it
+
+
+def test_a_second_start_embeds_no_document(judge, embedder, cache_dir, dense_worker):
+    before = embedder.stats().texts_embedded_by_model[MODEL]
+    with Tau2Worker(_config(judge, embedder, cache_dir)) as second:
+        assert second.retrieval["embeddings"]["counts"]["document_texts"] == 0
+        assert embedder.stats().texts_embedded_by_model[MODEL] == before
+    assert [path.suffix for path in cache_dir.iterdir() if not path.name.startswith(".")] == [".npz"]
+
+
+def test_an_endpoint_failing_mid_episode_is_an_infrastructure_error_and_the_retry_answers(dense_worker, embedder):
+    task = next(t for t in dense_worker.request("tasks", domain=DOMAIN, split="base") if "extra_reads" in
+                episode_scripts(t, "hi"))  # fmt: skip
+    script = episode_scripts(task, dense_worker.request("greeting"))["extra_reads"]
+    alone = summary(play(dense_worker, DOMAIN, task["id"], script))
+    seeded = dense_worker.request("seed", domain=DOMAIN, task_id=task["id"])
+    search = {"name": "KB_search", "arguments": {"query": "a query never embedded before"}}
+    embedder.inject_fault("http_500", route="embeddings", count=None)
+    try:
+        with pytest.raises(Tau2ServiceError, match=r"^openai embeddings at .* failed \(InternalServerError.* while "
+                           r"answering KB_search$"):  # fmt: skip
+            dense_worker.request("call_tool", episode_id=seeded["episode_id"], **search)
+    finally:
+        embedder.clear_faults()
+    answered = dense_worker.request("call_tool", episode_id=seeded["episode_id"], **search)
+    assert "Score:" in answered["content"] and not answered["error"]
+    dense_worker.request("end", episode_id=seeded["episode_id"])
+    assert summary(play(dense_worker, DOMAIN, task["id"], script)) == alone  # the worker serves on as before
+
+
+def test_a_missing_key_or_an_endpoint_that_cannot_embed_is_refused_at_start(judge, embedder, tmp_path, monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    hosted = _config(judge, embedder, tmp_path).model_copy(update={"embeddings": EmbeddingsConfig()})
+    with pytest.raises(Tau2WorkerError) as refused:
+        Tau2Worker(hosted)
+    assert str(refused.value) == (
+        f"tau2.retrieval_variant '{VARIANT}' embeds through openai's API and it needs $OPENAI_API_KEY, which is not "
+        "set: export it, or set tau2.embeddings.base_url to an OpenAI-compatible /v1/embeddings (vLLM, llama.cpp; "
+        "docs/banking-knowledge.md)"
+    )
+    closed = _config(judge, embedder, tmp_path).model_copy(
+        update={"embeddings": EmbeddingsConfig(base_url="http://127.0.0.1:9/v1", cache_dir=str(tmp_path))}
+    )
+    with pytest.raises(Tau2WorkerError) as refused:
+        Tau2Worker(closed)
+    message = str(refused.value)
+    assert message.startswith("tau2.embeddings: openai embeddings at http://127.0.0.1:9/v1/ failed (APIConnection")
+    assert message.endswith("while embedding the knowledge base") and "\n" not in message
+
+
+def test_the_eval_serves_a_dense_variant_through_its_gym_servers(judge, embedder, cache_dir, release_tasks, tmp_path):
+    """The oracle on five tasks through an eval's Gym servers, the ``tau2.embeddings`` block carried to the
+    resources server's workers (which find the corpus embedded: the cache is this module's)."""
+    before = embedder.stats().texts_embedded_by_model[MODEL]
+    raw = banking_eval_config(
+        tmp_path,
+        judge,
+        release_tasks,
+        f"++tau2.retrieval_variant={VARIANT}",
+        f"++tau2.embeddings.base_url={embedder.base_url}",
+        f"++tau2.embeddings.cache_dir={cache_dir}",
+        "data.num_tasks=5",
+    )
+    summary_, _ = run_eval(setup_eval(raw), raw)
+    records = [json.loads(line) for line in (tmp_path / "rollouts.jsonl").read_text().splitlines() if line.strip()]
+    assert [r.get("reward") for r in records] == [1.0] * 5, [(r["task_id"], r.get("error")) for r in records]
+    assert {r["retrieval_variant"] for r in records} == {VARIANT} and summary_["retrieval_variant"] == VARIANT
+    prompts = json.loads((tmp_path / "system_prompts.json").read_text())
+    assert "KB_search" in prompts["prompts"][0]
+    assert embedder.stats().texts_embedded_by_model[MODEL] - before < 698  # queries at most: no corpus again
