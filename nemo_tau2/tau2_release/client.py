@@ -68,9 +68,10 @@ def release_python(config: Tau2ReleaseConfig) -> str:
 
 
 #: What a retrieval variant may call that this project connects (``configure_retrieval``'s ``needs``), beyond the
-#: release's own offline indexes (BM25, grep) and prompts: an embedding endpoint (``tau2.embeddings``).
+#: release's own offline indexes (BM25, grep) and prompts: an embedding endpoint (``tau2.embeddings``) and tau2's
+#: shell sandbox (``tau2.shell``).
 EMBEDDING_NEEDS = {"openai_embeddings": "openai", "openrouter_embeddings": "openrouter"}
-SERVED_RETRIEVAL_NEEDS: frozenset[str] = frozenset(EMBEDDING_NEEDS)
+SERVED_RETRIEVAL_NEEDS: frozenset[str] = frozenset({*EMBEDDING_NEEDS, "shell"})
 #: tau2's own key variable per embedding provider, read when ``tau2.embeddings`` names no endpoint.
 PROVIDER_KEY_VARIABLES = {"openai": "OPENAI_API_KEY", "openrouter": "OPENROUTER_API_KEY"}
 #: The domains whose environments take a retrieval variant.
@@ -140,6 +141,12 @@ class Tau2Worker:
                 f"does not connect yet; offline variants: {', '.join(OFFLINE_RETRIEVAL_VARIANTS)}"
             )
         providers = [EMBEDDING_NEEDS[need] for need in resolved["needs"] if need in EMBEDDING_NEEDS]
+        if "shell" in resolved["needs"]:  # first: indexing the embeddings builds an environment, sandbox included
+            try:
+                resolved["shell"] = self.request("connect_shell", **config.shell.model_dump())
+            except Tau2RequestError as e:
+                self.close()
+                raise Tau2WorkerError(f"tau2.shell: {e}") from None
         if providers:
             resolved["embeddings"] = self._connect_embeddings(config, providers[0])
         return resolved
@@ -161,7 +168,7 @@ class Tau2Worker:
         try:
             return self.request(
                 "connect_embeddings",
-                timeout_s=config.start_timeout_s,
+                wait_s=config.start_timeout_s,
                 base_url=embeddings.base_url,
                 model=embeddings.model,
                 api_key_env=variable,
@@ -194,8 +201,9 @@ class Tau2Worker:
         except subprocess.TimeoutExpired:
             return f"closed its output and was still running {wait_s:.0f} s later"
 
-    def request(self, op: str, timeout_s: float = 600.0, **args: Any) -> Any:
-        """One request; returns its result or raises the error type its answer names."""
+    def request(self, op: str, *, wait_s: float = 600.0, **args: Any) -> Any:
+        """One request (``args``: the operation's; ``wait_s``: how long its answer is waited for); returns its
+        result or raises the error type its answer names."""
         with self._lock:
             self._next_id += 1
             try:
@@ -203,7 +211,7 @@ class Tau2Worker:
                 self._process.stdin.flush()
             except (BrokenPipeError, ValueError) as e:
                 raise Tau2WorkerError(f"tau2 {self.config.version} worker is gone ({e})") from e
-            reply = self._read_line(timeout_s, f"answering {op}")
+            reply = self._read_line(wait_s, f"answering {op}")
         if reply.get("ok"):
             return reply["result"]
         kind, error = reply.get("kind"), reply.get("error")

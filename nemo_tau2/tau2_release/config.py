@@ -55,6 +55,31 @@ class EmbeddingsConfig(BaseModel):
     )
 
 
+class ShellConfig(BaseModel):
+    """banking_knowledge's shell variants (``terminal_use``, ``terminal_use_write``, ``alltools*``): each command runs
+    in tau2's own sandbox (``srt``: bubblewrap, no network, writes only where the variant allows), bounded here."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="A command's wall time (tau2's 30 s); then it is killed with every process it started.",
+    )
+    max_processes: int | None = Field(
+        default=256,
+        ge=16,
+        description="Processes and threads a command may have at once (a pids cgroup: a fork bomb stops there; srt "
+        "itself takes ~15); null: unbounded, as tau2 runs it (refused at start where no pids cgroup can be made).",
+    )
+    max_output_bytes: int = Field(
+        default=2_000_000,
+        ge=1024,
+        description="stdout + stderr a command may print (the whole corpus is ~0.9 MB); beyond it, it is stopped.",
+    )
+
+
 class Tau2ReleaseConfig(BaseModel):
     """One schema for the tau2 release everywhere (eval, GRPO, SFT data, the env API, the resources server)."""
 
@@ -84,6 +109,7 @@ class Tau2ReleaseConfig(BaseModel):
     embeddings: EmbeddingsConfig = Field(
         default_factory=EmbeddingsConfig, description="banking_knowledge's dense variants: the embedding endpoint."
     )
+    shell: ShellConfig = Field(default_factory=ShellConfig, description="banking_knowledge's shell variants.")
     start_timeout_s: float = Field(
         default=300.0,
         gt=0,

@@ -38,6 +38,10 @@ class ServiceError(Exception):
     """An outside service failed while a request was answered: infrastructure, never a score."""
 
 
+class Refused(ValueError):
+    """A service the run configures cannot be used here (one line naming the key and the fix): refused at start."""
+
+
 _endpoint: dict = {}
 _faults: list[str] = []
 _counts = {"document_texts": 0, "query_texts": 0, "document_requests": 0, "query_requests": 0}
@@ -48,6 +52,10 @@ def take_faults() -> list[str]:
     faults = list(_faults)
     _faults.clear()
     return faults
+
+
+def record_fault(message: str) -> None:
+    _faults.append(message)
 
 
 def raise_faults(doing: str) -> None:

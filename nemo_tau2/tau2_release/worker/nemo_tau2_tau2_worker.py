@@ -1,22 +1,18 @@
 """The one file of nemo-tau2 that runs inside a tau2 release's own environment (``scripts/build_tau2_env.sh``).
 
-It imports only tau2, the standard library and its siblings ``nemo_tau2_tau2_*`` (tau2 v1.0.1 cannot share
-an environment with NeMo-Gym: their ``openai`` pins conflict), and answers JSON requests, one per line on stdin,
-one answer per line on the stdout it was started with (tau2 prints to stdout while importing, so that is moved to
-stderr first). Everything version-specific comes from the release through its public API: tasks and splits
-(``tau2.runner``), the environment and its tools (``build_environment``, ``Environment.get_response``), the prompts
-(``LLMAgent``, ``build_user``) and the reward (``evaluate_simulation`` on the episode's trajectory, the
-NL-assertion judge included, pointed at the endpoint the run configures). Every environment, the three that
-``evaluate_simulation`` builds per score included, is tau2's own constructor with the arguments tau2's runner gives
-it (``nemo_tau2_tau2_retrieval``: banking_knowledge's variant), fed a fork of one DB snapshot per domain
-(``nemo_tau2_tau2_snapshots``) instead of the DB file read again; a tool's specification is parsed from its
-docstring once per process and the tool types the evaluator reads once per toolkit class
-(``nemo_tau2_tau2_tool_specs``), and ``warm`` has a forked child hash a task's gold DB with tau2's code while its
-episode is played (``nemo_tau2_tau2_warming``), so the verify finds it memoised.
+It imports only tau2, the standard library and its siblings ``nemo_tau2_tau2_*`` (tau2 v1.0.1 cannot share an
+environment with NeMo-Gym: their ``openai`` pins conflict), and answers JSON requests, one per line on stdin, one
+answer per line on the stdout it was started with (tau2's own prints are moved to stderr first). Everything
+version-specific is the release's, through its public API: tasks and splits (``tau2.runner``), environments and tools
+(``build_environment``, ``Environment.get_response``), prompts (``LLMAgent``, ``build_user``), the reward
+(``evaluate_simulation``, NL judge included). Every environment is tau2's constructor with its runner's arguments
+(``_retrieval``: banking_knowledge's variant), on a fork of one DB snapshot per domain (``_snapshots``); tool specs
+parsed once (``_tool_specs``); ``warm`` hashes a task's gold DB in a forked child (``_warming``); the outside
+services point at the run's endpoints (``_services``: judge, embeddings) and shell commands are bounded (``_shell``).
 
 Answers: ``{"id", "ok": true, "result"}`` or ``{"id", "ok": false, "kind", "error"}`` where ``kind`` is
 ``bad_request`` (unknown domain/task/episode, malformed message), ``judge`` (the NL-assertion judge failed),
-``service`` (an embedding endpoint failed; both infrastructure errors, never a score) or ``internal``.
+``service`` (an embedding endpoint or the sandbox failed; both infrastructure errors, never a score) or ``internal``.
 """
 
 import json
@@ -36,6 +32,7 @@ logger.remove()
 logger.add(sys.stderr, level=os.environ.get("NEMO_TAU2_TAU2_LOG_LEVEL", "ERROR"))
 
 import nemo_tau2_tau2_services as _services  # noqa: E402
+import nemo_tau2_tau2_shell as _shell  # noqa: E402
 from nemo_tau2_tau2_retrieval import RunRetrieval  # noqa: E402
 from nemo_tau2_tau2_snapshots import DomainSnapshots  # noqa: E402
 from nemo_tau2_tau2_tool_specs import memoise_tool_parsing, memoise_tool_types  # noqa: E402
@@ -76,6 +73,7 @@ def _warm_gold(domain: str, task_id: str) -> None:
     history = list(task.initial_state.message_history or []) if task.initial_state else []
     constructor = registry.get_env_constructor(_snapshots.forked_domain(domain))
     EnvironmentEvaluator.calculate_reward(constructor, task, history, solo_mode=False)
+    _shell.remove_transient()
 
 
 _warming = GoldWarming(_snapshots.hashes, _warm_gold)
@@ -165,8 +163,7 @@ def seed(domain: str, task_id: str) -> dict:
     env.sync_tools()
     user = build_user("user_simulator", env, task, llm="none")
     episode_id = uuid.uuid4().hex
-    _episodes[episode_id] = {"domain": domain, "task": task}
-    _episodes[episode_id]["env"] = env
+    _episodes[episode_id] = {"domain": domain, "task": task, "env": env, "sandboxes": _shell.adopt()}
     schemas = _user_tool_schemas(env, user)
     return {"episode_id": episode_id, "user_system_prompt": user.system_prompt, "user_tools": schemas}
 
@@ -268,7 +265,7 @@ def verify(episode_id: str, messages: list, termination_reason: str) -> dict:
     """Score the episode (kept alive until scored, so a retry after a judge fault scores it again)."""
     episode = _episode(episode_id)
     result = evaluate(episode["domain"], episode["task"].id, messages, termination_reason)
-    _episodes.pop(episode_id, None)
+    _shell.remove(_episodes.pop(episode_id, {}).get("sandboxes"))
     return result
 
 
@@ -308,13 +305,16 @@ def export(path: str, domain: str, run: dict, episodes: list) -> dict:
 
 
 def end(episode_id: str) -> dict:
-    return {"ended": _episodes.pop(episode_id, None) is not None}
+    episode = _episodes.pop(episode_id, None)
+    _shell.remove(episode and episode["sandboxes"])
+    return {"ended": episode is not None}
 
 
 OPERATIONS = {
     "configure_judge": _services.configure_judge,
     "configure_retrieval": configure_retrieval,
     "connect_embeddings": connect_embeddings,
+    "connect_shell": _shell.connect_shell,
     "splits": splits,
     "tasks": tasks,
     "agent_system_prompt": agent_system_prompt,
@@ -337,7 +337,7 @@ def answer(request: dict) -> dict:
         return {"ok": False, "kind": "bad_request", "error": f"unknown op {request.get('op')!r}"}
     try:
         return {"ok": True, "result": op(**request.get("args", {}))}
-    except BadRequest as e:
+    except (BadRequest, _services.Refused) as e:
         return {"ok": False, "kind": "bad_request", "error": str(e)}
     except TypeError as e:
         return {"ok": False, "kind": "bad_request", "error": f"{request.get('op')}: {e}"}
@@ -348,6 +348,8 @@ def answer(request: dict) -> dict:
     except Exception as e:  # noqa: BLE001  (reported to the caller with its traceback on stderr)
         traceback.print_exc()
         return {"ok": False, "kind": "internal", "error": f"{type(e).__name__}: {e}"}
+    finally:
+        _shell.remove_transient()  # sandboxes of environments no episode holds (prompts, tools, scoring)
 
 
 def main() -> None:
@@ -374,6 +376,7 @@ def main() -> None:
                     _PROTOCOL.write(json.dumps(_reply(line)) + "\n")
     finally:
         _warming.close()
+        _shell.close()
 
 
 def _reply(line: bytes) -> dict:

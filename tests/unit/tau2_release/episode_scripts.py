@@ -48,8 +48,13 @@ def _steps(greeting: str, actions: list[dict], closing: str) -> list[tuple]:
     return steps
 
 
-def episode_scripts(task: dict, greeting: str) -> dict[str, dict]:
-    """Name -> {"steps": [...], "termination_reason": ...} for one task (tau2's JSON of it)."""
+#: ``extra_reads``' knowledge-base reads by default (a KB_search variant's); a shell variant reads with ``shell``.
+DEFAULT_READS = [{"name": "KB_search", "arguments": {"query": "account fees"}, "requestor": "assistant"}]
+
+
+def episode_scripts(task: dict, greeting: str, reads: list[dict] | None = None) -> dict[str, dict]:
+    """Name -> {"steps": [...], "termination_reason": ...} for one task (tau2's JSON of it); ``reads``: the calls
+    ``extra_reads`` makes to the knowledge base (default :data:`DEFAULT_READS`)."""
     criteria = task.get("evaluation_criteria") or {}
     actions = criteria.get("actions") or []
     oracle_closing = " ".join(["Done."] + list(criteria.get("communicate_info") or []))
@@ -68,12 +73,12 @@ def episode_scripts(task: dict, greeting: str) -> dict[str, dict]:
     else:
         steps = _steps(greeting, actions, oracle_closing)
         scripts["premature_end"] = {"steps": steps, "termination_reason": "max_steps"}
-    for name, perturbed in _discoverable_perturbations(actions).items():
+    for name, perturbed in _discoverable_perturbations(actions, reads or DEFAULT_READS).items():
         scripts[name] = {"steps": _steps(greeting, perturbed, oracle_closing), "termination_reason": "user_stop"}
     return scripts
 
 
-def _discoverable_perturbations(actions: list[dict]) -> dict[str, list[dict]]:
+def _discoverable_perturbations(actions: list[dict], knowledge_reads: list[dict]) -> dict[str, list[dict]]:
     """banking_knowledge's ways to get its discoverable tools wrong (none for a task that uses none)."""
     names = [action["name"] for action in actions]
     perturbations = {}
@@ -84,7 +89,7 @@ def _discoverable_perturbations(actions: list[dict]) -> dict[str, list[dict]]:
         perturbations["no_verification"] = [action for action in actions if action["name"] != "log_verification"]
     if any(name.endswith("discoverable_agent_tool") or name == "log_verification" for name in names):
         reads = [
-            {"name": "KB_search", "arguments": {"query": "account fees"}, "requestor": "assistant"},
+            *knowledge_reads,
             {"name": "list_discoverable_agent_tools", "arguments": {}, "requestor": "assistant"},
         ]
         perturbations["extra_reads"] = reads + actions

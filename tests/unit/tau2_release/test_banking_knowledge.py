@@ -39,8 +39,10 @@ def test_the_oracle_scores_one_on_every_banking_task_with_bm25_grep(judge, relea
 def test_a_variant_the_release_lacks_or_one_needing_a_service_is_refused_at_start(judge):
     with pytest.raises(Tau2WorkerError, match=r"^tau2.retrieval_variant / tau2.retrieval_kwargs: .*'no_such'"):
         Tau2Worker(Tau2ReleaseConfig(version="v1.0.1", python=tau2_v1_python(), retrieval_variant="no_such"))
-    with pytest.raises(Tau2WorkerError, match=r"'alltools' calls shell, which nemo-tau2 does not connect yet"):
-        Tau2Worker(Tau2ReleaseConfig(version="v1.0.1", python=tau2_v1_python(), retrieval_variant="alltools"))
+    with pytest.raises(Tau2WorkerError, match=r"'bm25_reranker_grep' calls reranker, which nemo-tau2 does not conn"):
+        Tau2Worker(
+            Tau2ReleaseConfig(version="v1.0.1", python=tau2_v1_python(), retrieval_variant="bm25_reranker_grep")
+        )
 
 
 def test_banking_knowledge_under_v021_is_refused_in_one_line_naming_v101(tmp_path, judge, release_tasks):

@@ -1,12 +1,13 @@
 """tau2 v1.0.1 itself scoring the parity test's scripted episodes; runs in v1.0.1's environment, not the project's.
 
-Reads ``{"domains": [...], "judge_base_url": ..., "task_ids": {domain: [...]}, "retrieval_variant": ...}`` on
-stdin (a domain missing from ``task_ids``: all its base tasks); for every base task of each domain plays every script
-of ``episode_scripts`` with tau2's own parts only (``build_environment`` with the arguments its runner builds for the
-task: ``_build_env_kwargs``, which for banking_knowledge adds the retrieval variant), the task's initial state as the
-orchestrator applies it, ``Environment.get_response``, tau2's message models) and scores it with
-``evaluate_simulation(..., EvaluationType.ALL)``, the NL-assertion judge pointed at the same scripted judge. Writes
-``{"<domain>/<task>/<script>": {"reward", "reward_basis", "reward_breakdown", "tool_answers"}}`` on stdout.
+Reads ``{"domains": [...], "judge_base_url": ..., "task_ids": {domain: [...]}, "retrieval_variant": ...,
+"reads": [...]}`` on stdin (a domain missing from ``task_ids``: all its base tasks; ``reads``: the knowledge reads
+of ``extra_reads``). For every base task of each domain it plays every script of ``episode_scripts`` with tau2's own
+parts only (``build_environment`` with the arguments its runner builds for the task, ``_build_env_kwargs``, which
+for banking_knowledge adds the retrieval variant; the task's initial state as the orchestrator applies it;
+``Environment.get_response``; tau2's message models) and scores it with ``evaluate_simulation(..., ALL)``, the
+NL-assertion judge pointed at the same scripted judge. Writes ``{"<domain>/<task>/<script>": {"reward",
+"reward_basis", "reward_breakdown", "tool_answers"}}`` on stdout.
 """
 
 import json
@@ -93,7 +94,8 @@ def main() -> None:
         for task in get_tasks(domain, "base"):
             if wanted is not None and task.id not in wanted:
                 continue
-            scripts = episode_scripts(task.model_dump(mode="json"), DEFAULT_FIRST_AGENT_MESSAGE.content)
+            greeting = DEFAULT_FIRST_AGENT_MESSAGE.content
+            scripts = episode_scripts(task.model_dump(mode="json"), greeting, request.get("reads"))
             for name, script in scripts.items():
                 results[f"{domain}/{task.id}/{name}"] = play(domain, task, script, run)
     _OUT.write(json.dumps(results))

@@ -1,0 +1,155 @@
+"""banking_knowledge's shell variants in tau2's own sandbox (``srt``: bubblewrap, no network, writes only where the
+variant allows), every command bounded by ``tau2.shell``: both variants score and answer as tau2 v1.0.1's own run
+(``extra_reads`` reading through ``shell``); hostile commands each get tau2's refusal or a bounded answer, never a
+crash, a file outside the episode's folder or a process left behind; two episodes of the write variant see nothing
+of each other; an episode's sandbox goes with it, the worker's folder with the worker; a missing dependency is
+refused at start in one line."""
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from nemo_tau2.tau2_release.client import Tau2Worker, Tau2WorkerError
+from nemo_tau2.tau2_release.config import NLJudgeConfig, ShellConfig, Tau2ReleaseConfig
+from tests.tau2_v1_env import tau2_v1_python
+from tests.unit.tau2_release.episode_scripts import episode_scripts
+from tests.unit.tau2_release.test_parity_v1 import assert_same_as_tau2, reference_results, start_references
+from tests.unit.tau2_release.worker_episodes import play, summary
+
+DOMAIN = "banking_knowledge"
+TIMEOUT_S = 5
+SHELL_READS = [
+    {"name": "shell", "arguments": {"command": "grep -ril 'overdraft' . | sort | head -5"}, "requestor": "assistant"},
+    {"name": "shell", "arguments": {"command": "head -n 12 INDEX.md && wc -l INDEX.md"}, "requestor": "assistant"},
+]
+
+
+def _config(judge, variant: str) -> Tau2ReleaseConfig:
+    return Tau2ReleaseConfig(
+        version="v1.0.1",
+        python=tau2_v1_python(),
+        judge=NLJudgeConfig(model="scripted-judge", base_url=judge.base_url, max_attempts=1),
+        retrieval_variant=variant,
+        shell=ShellConfig(timeout_s=TIMEOUT_S, max_processes=64),
+    )
+
+
+@pytest.fixture(scope="module")
+def writable(judge):
+    with Tau2Worker(_config(judge, "terminal_use_write")) as worker:
+        yield worker
+
+
+@pytest.fixture(scope="module")
+def read_only(judge):
+    with Tau2Worker(_config(judge, "terminal_use")) as worker:
+        yield worker
+
+
+def _shell(worker: Tau2Worker, episode: dict, command: str) -> str:
+    arguments = {"command": command}
+    return worker.request("call_tool", episode_id=episode["episode_id"], name="shell", arguments=arguments)["content"]
+
+
+def _our_processes() -> list[str]:
+    """Sandboxed commands still running (bubblewrap, srt, the tests' sleeps), and pids cgroups left behind."""
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout.splitlines()
+    running = [line for line in ps if line.startswith(("bwrap", "sleep 1000", "yes")) or "/bin/srt" in line]
+    groups = [path.name for path in Path("/sys/fs/cgroup/pids").glob("nemo_tau2_shell_*")]
+    return running + groups
+
+
+@pytest.mark.parametrize("variant", ["terminal_use", "terminal_use_write"])
+def test_shell_variants_score_and_answer_as_tau2(variant, writable, read_only, judge, tmp_path):
+    """Every twelfth task (32nd for the writable variant), its oracle and perturbations, ``extra_reads`` searching
+    with ``shell``: identical rewards, breakdowns and tool answers to tau2 v1.0.1's own run of the variant (its
+    sandbox unbounded, as tau2 has it)."""
+    worker = writable if variant == "terminal_use_write" else read_only
+    assert worker.retrieval["variant"] == variant and worker.retrieval["shell"]["pids_cgroup"]
+    greeting = worker.request("greeting")
+    every = worker.request("tasks", domain=DOMAIN, split="base")
+    stride = 12 if variant == "terminal_use" else 32  # each writable sandbox exports the corpus anew, on both sides
+    tasks = [task for index, task in enumerate(every) if index % stride == 0]
+    # tau2's own sandboxes are never removed: in the test's folder, not the machine's /tmp
+    references = start_references({DOMAIN: tasks}, judge.base_url, {"TMPDIR": str(tmp_path)}, tmp_path,
+                                  retrieval_variant=variant, reads=SHELL_READS)  # fmt: skip
+    ours = {}
+    for task in tasks:
+        for name, script in episode_scripts(task, greeting, SHELL_READS).items():
+            ours[f"{DOMAIN}/{task['id']}/{name}"] = summary(play(worker, DOMAIN, task["id"], script))
+    assert_same_as_tau2(ours, reference_results(references))
+    assert all(ours[key]["reward"] == 1.0 for key in ours if key.endswith("/oracle"))
+    found = [ours[key]["tool_answers"][0]["content"] for key in ours if key.endswith("/extra_reads")]
+    assert found and all("./doc_" in answer for answer in found)  # the files grep found, sorted
+
+
+def test_hostile_commands_get_tau2s_refusal_or_a_bound_and_leave_nothing_behind(writable, judge):
+    episode = writable.request("seed", domain=DOMAIN, task_id="task_001")
+    blocked = "Error (exit code 1): Error: Command blocked - contains '{}' which could escape the sandbox"
+    assert _shell(writable, episode, "cat /etc/passwd") == blocked.format("absolute path: /etc/passwd")
+    assert _shell(writable, episode, "echo x > ../escaped.md") == blocked.format("..")
+    assert _shell(writable, episode, "cat ~/.bashrc") == blocked.format("~")
+    assert _shell(writable, episode, "ls $HOME") == blocked.format("$HOME")
+
+    before = judge.requests
+    fetch = f"python3 -c \"import urllib.request; urllib.request.urlopen('{judge.base_url}', timeout=2)\""
+    assert "Error (exit code 1)" in _shell(writable, episode, fetch) and judge.requests == before  # no network
+
+    started = time.monotonic()
+    timed_out = f"Error (exit code 124): Command timed out after {TIMEOUT_S} seconds"
+    assert _shell(writable, episode, "sleep 1000") == timed_out
+    assert time.monotonic() - started < TIMEOUT_S + 3
+
+    bomb = _shell(writable, episode, ":(){ :|:& };: ; sleep 2; echo survived")  # bounded at 64 tasks, then killed
+    assert "survived" in bomb or "timed out" in bomb or "Resource temporarily unavailable" in bomb
+
+    loud = _shell(writable, episode, "yes")
+    assert loud == (
+        "Error (exit code 1): Command stopped: its output passed 2000000 bytes (tau2.shell.max_output_bytes)"
+    )
+    assert _shell(writable, episode, "yes | head -c 300000 | wc -c") == "300000\n"  # within the bound: as tau2
+    assert _shell(writable, episode, "cat") == "(no output)"  # stdin is not the worker's protocol pipe
+
+    time.sleep(0.5)
+    assert _our_processes() == []
+    writable.request("end", episode_id=episode["episode_id"])
+
+
+def test_writes_stay_in_their_episode_and_go_with_it(writable, read_only):
+    first, second = (writable.request("seed", domain=DOMAIN, task_id="task_002") for _ in range(2))
+    assert _shell(writable, first, "echo mine > notes.md && cat notes.md") == "mine\n"
+    assert "No such file" in _shell(writable, second, "cat notes.md")
+    root = Path(writable.retrieval["shell"]["sandboxes"])
+    written = list(root.glob("*/knowledge_base/notes.md"))
+    assert len(written) == 1  # in the first episode's folder, nowhere else
+    writable.request("end", episode_id=first["episode_id"])
+    assert not written[0].exists() and list(root.glob("*/knowledge_base/notes.md")) == []
+    writable.request("end", episode_id=second["episode_id"])
+
+    episode = read_only.request("seed", domain=DOMAIN, task_id="task_002")
+    assert "Read-only file system" in _shell(read_only, episode, "echo x > notes.md")
+    shared = Path(read_only.retrieval["shell"]["sandboxes"])
+    assert list(shared.rglob("notes.md")) == []
+    read_only.request("end", episode_id=episode["episode_id"])
+    assert [path.name for path in shared.iterdir()] == ["shared_md_698"]  # the one export every sandbox reads
+
+
+def test_the_worker_takes_its_sandboxes_with_it_and_a_missing_dependency_is_refused(judge, tmp_path, monkeypatch):
+    with Tau2Worker(_config(judge, "terminal_use")) as worker:
+        root = Path(worker.retrieval["shell"]["sandboxes"])
+        worker.request("seed", domain=DOMAIN, task_id="task_001")  # never ended
+        assert root.is_dir()
+    assert not root.exists()
+
+    config = _config(judge, "terminal_use")
+    for tool in ("rg", "bwrap", "socat"):  # everything the sandbox needs but srt
+        os.symlink(shutil.which(tool), tmp_path / tool)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(Tau2WorkerError) as refused:
+        Tau2Worker(config)
+    needs = "tau2.shell: tau2's shell sandbox needs srt on PATH"
+    assert str(refused.value) == f"{needs}: scripts/setup.sh sandbox installs them"
