@@ -83,6 +83,8 @@ SLOW_MODULES = frozenset(
         "tau2_release/test_parity_v1.py",
         "tau2_release/test_banking_knowledge.py",
         "tau2_release/test_banking_dense.py",
+        "tau2_release/test_banking_shell.py",
+        "tau2_release/test_banking_training.py",
         "tau2_release/test_resources_server_v1.py",
         "tau2_release/test_worker_snapshots.py",
     }

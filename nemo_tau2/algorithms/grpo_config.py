@@ -20,7 +20,7 @@ from nemo_tau2.generation.validation import GymGenerationConfig
 from nemo_tau2.gym.episode_config import CLUSTER_FOR_REPLICAS, NemoGymEnvConfig, UserSimulatorConfig
 from nemo_tau2.models.policy.checkpoint import CheckpointingConfig
 from nemo_tau2.models.policy.config import PolicyConfig
-from nemo_tau2.tau2_env import training_domain_problem
+from nemo_tau2.tau2_env import ALL_DOMAINS, training_domain_problem
 from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
 from nemo_tau2.utils.metrics_logger import LoggerConfig
 
@@ -103,12 +103,24 @@ class GRPODataConfig(_Strict):
 
     @model_validator(mode="after")
     def _rows_from_somewhere(self) -> "GRPODataConfig":
-        problems = [problem for domain in self.domains or [] if (problem := training_domain_problem(domain))]
-        if problems:
-            raise ValueError(f"data.domains: {problems[0]}")
+        unknown = [domain for domain in self.domains or [] if domain not in ALL_DOMAINS]
+        if unknown:
+            known = ", ".join(ALL_DOMAINS)
+            raise ValueError(f"data.domains: unknown domain {unknown[0]!r}; tau2 domains are: {known}")
         if not self.domains and not self.train_data_path:
             raise ValueError("data.domains or data.train_data_path is required")
         return self
+
+
+def data_split_problems(data: GRPODataConfig, version: str) -> list[str]:
+    """The first reason GRPO or RFT cannot train on ``data.train_split`` or validate on ``data.val_split`` of
+    ``data.domains`` under tau2 ``version`` (a domain of another release; one with no train/test split)."""
+    checks = [(data.train_split, data.task_ids, "data.train_split"), (data.val_split, data.task_ids, "data.val_split")]
+    for domain in data.domains or []:
+        for split, task_ids, key in checks:
+            if (problem := training_domain_problem(domain, version, split, task_ids, key)) is not None:
+                return [problem]
+    return []
 
 
 class GRPOPolicyConfig(PolicyConfig):
@@ -165,6 +177,7 @@ class GRPOMasterConfig(_Strict):
             if missing:
                 problems.append(f"grpo.reward_shaping.domain_scale has no entry for {missing}")
         problems += self._async_grpo_problems()
+        problems += data_split_problems(self.data, self.tau2.version)
         if problems:
             raise ValueError("; ".join(problems))
         return self

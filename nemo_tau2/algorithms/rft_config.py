@@ -11,7 +11,13 @@ rollouts sample at temperature 0.7 (set in ``policy.generation``).
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from nemo_tau2.algorithms.grpo_config import GRPODataConfig, GRPOEnvConfig, GRPOPolicyConfig, LoggerConfig
+from nemo_tau2.algorithms.grpo_config import (
+    GRPODataConfig,
+    GRPOEnvConfig,
+    GRPOPolicyConfig,
+    LoggerConfig,
+    data_split_problems,
+)
 from nemo_tau2.algorithms.reward_shaping import RewardShapingConfig
 from nemo_tau2.algorithms.sft_data import TEST_SPLIT
 from nemo_tau2.algorithms.tiny_policy import TinyPolicyConfig
@@ -72,6 +78,7 @@ class RFTMasterConfig(BaseModel):
             problems.append("policy.generation is required: the backend serving the current weights to rollouts")
         if not self.env.nemo_gym.return_token_ids:
             problems.append("env.nemo_gym.return_token_ids must be true: fine-tuning needs the generated token ids")
+        problems += data_split_problems(self.data, self.tau2.version)
         if self.data.train_split == TEST_SPLIT and not self.rft.allow_test_split:
             problems.append(
                 "data.train_split is tau2's test split: training on it leaks the test set; set "

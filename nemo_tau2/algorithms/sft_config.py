@@ -14,7 +14,7 @@ from nemo_tau2.algorithms.tiny_policy import TinyPolicyConfig
 from nemo_tau2.cluster import ClusterConfig
 from nemo_tau2.evals.config import UserSimulatorConfig
 from nemo_tau2.models.policy.checkpoint import CheckpointingConfig
-from nemo_tau2.tau2_env import training_domain_problem
+from nemo_tau2.tau2_env import ALL_DOMAINS, training_domain_problem
 from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
 
 
@@ -52,9 +52,10 @@ class SFTDataConfig(_Strict):
 
     @model_validator(mode="after")
     def _known_domains(self) -> "SFTDataConfig":
-        problems = [problem for domain in self.domains or [] if (problem := training_domain_problem(domain))]
-        if problems:
-            raise ValueError(f"data.domains: {problems[0]}")
+        unknown = [domain for domain in self.domains or [] if domain not in ALL_DOMAINS]
+        if unknown:
+            known = ", ".join(ALL_DOMAINS)
+            raise ValueError(f"data.domains: unknown domain {unknown[0]!r}; tau2 domains are: {known}")
         if self.domains and self.val_split is None:
             raise ValueError("data.domains needs data.val_split (the tasks validation pass@1 plays)")
         return self
@@ -82,6 +83,11 @@ class SFTMasterConfig(_Strict):
 
     @model_validator(mode="after")
     def _validation_can_run(self) -> "SFTMasterConfig":
+        for domain in self.data.domains or []:
+            problem = training_domain_problem(domain, self.tau2.version, self.data.val_split, self.data.task_ids,
+                                              "data.val_split")  # fmt: skip
+            if problem is not None:
+                raise ValueError(problem)
         if self.data.has_eval_tasks:
             missing = [name for name, value in (("policy.generation", self.policy.generation), ("user", self.user))
                        if value is None]  # fmt: skip

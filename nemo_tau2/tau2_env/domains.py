@@ -17,6 +17,7 @@ from tau2.environment.db import DB
 from tau2.environment.environment import Environment
 
 from nemo_tau2.tau2_env import DOMAINS
+from nemo_tau2.tau2_env.own_splits import is_own_split, own_split_ids
 from nemo_tau2.tau2_env.session_db import fork_database
 
 
@@ -120,7 +121,10 @@ def get_task(domain: str, task_id: str) -> Task:
 
 
 def get_tasks(domain: str, split: str) -> list[Task]:
-    """The tasks of one split, in the split file's order."""
+    """The tasks of one split, in the split file's order (a split of ours: in the domain's, :mod:`.own_splits`)."""
+    if is_own_split(split):
+        tasks = _all_tasks(check_domain(domain))
+        return [tasks[task_id] for task_id in own_split_ids(domain, list(tasks), split)]
     splits = task_splits(check_domain(domain))
     if split not in splits:
         raise UnknownTaskError(f"domain {domain!r} has no split {split!r}; its splits are: {', '.join(splits)}")

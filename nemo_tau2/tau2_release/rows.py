@@ -2,13 +2,15 @@
 
 The same row shape as :func:`nemo_tau2.tau2_env.gym_rows.task_row` (the v0.2.1 rows): the policy's system prompt
 (the release's agent instruction and domain policy), its tools, its greeting, and ``domain``/``task_id``; plus
-``tau2_version``, so a row says which release's task it is. Tasks and splits are the release's own.
+``tau2_version``, so a row says which release's task it is. Tasks and splits are the release's own, or a split of
+ours where the release has none (``ours_seed<N>_train``/``_test``, :mod:`~nemo_tau2.tau2_env.own_splits`).
 """
 
 from typing import Any
 
 from nemo_tau2.tau2_env.domains import as_responses_tools
 from nemo_tau2.tau2_env.gym_rows import DEFAULT_AGENT_NAME, compact_row
+from nemo_tau2.tau2_env.own_splits import is_own_split, own_split_ids
 from nemo_tau2.tau2_release.client import KNOWLEDGE_DOMAINS, Tau2RequestError, Tau2Worker, worker_for
 from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
 
@@ -22,7 +24,7 @@ def _domain_rows(
     tools = as_responses_tools(worker.request("tool_schemas", domain=domain))
     greeting = worker.request("greeting")
     rows = []
-    for task in worker.request("tasks", domain=domain, split=split):
+    for task in _split_tasks(worker, domain, split):
         if wanted is not None and str(task["id"]) not in wanted:
             continue
         if per_task:
@@ -47,6 +49,15 @@ def _domain_rows(
             row = compact_row(row, {action["name"] for action in _gold_actions(task)})
         rows.append(row)
     return rows
+
+
+def _split_tasks(worker: Tau2Worker, domain: str, split: str | None) -> list[dict]:
+    """The release's tasks of ``split``: one of its own, or one of ours (:mod:`~nemo_tau2.tau2_env.own_splits`)."""
+    if not is_own_split(split):
+        return worker.request("tasks", domain=domain, split=split)
+    every = worker.request("tasks", domain=domain, split=None)
+    kept = set(own_split_ids(domain, [str(task["id"]) for task in every], split))
+    return [task for task in every if str(task["id"]) in kept]
 
 
 def _gold_actions(task: dict) -> list[dict]:
@@ -101,4 +112,7 @@ def release_rows(
 def release_split_ids(config: Tau2ReleaseConfig, domains_: list[str], split: str) -> dict[str, frozenset[str]]:
     """Per domain, the ids of the release's ``split`` (empty where the domain has none), from one worker."""
     with Tau2Worker(config) as worker:
+        if is_own_split(split):
+            ids = {domain: [str(task["id"]) for task in _split_tasks(worker, domain, split)] for domain in domains_}
+            return {domain: frozenset(domain_ids) for domain, domain_ids in ids.items()}
         return {domain: frozenset(worker.request("splits", domain=domain).get(split, ())) for domain in domains_}
