@@ -141,7 +141,7 @@ def test_a_warm_up_holds_up_no_other_episode_and_its_task_s_verify_takes_its_has
         gold = retail["evaluation_criteria"]["actions"]
         episode_id, trajectory, _, _ = _episode(worker, gold, gold[-1]["arguments"]["user_id"])
         during = worker.request(
-            "verify", timeout_s=60, episode_id=episode_id, messages=trajectory.messages, termination_reason="user_stop"
+            "verify", wait_s=60, episode_id=episode_id, messages=trajectory.messages, termination_reason="user_stop"
         )
         before = worker.request("warming")
         assert before["running"] == [["airline", task_id, pid]]  # answered while the warm-up was still in flight
