@@ -29,7 +29,7 @@ def test_a_part_that_cannot_be_built_fails_the_test_naming_the_command(monkeypat
 def test_setup_refuses_bad_arguments_in_one_line(arguments):
     run = subprocess.run([str(env_python.SETUP), *arguments], capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and run.stdout == ""
-    assert run.stderr.count("\n") == 1 and "project chromium vllm smollm2 tau2-v1 gym07" in run.stderr
+    assert run.stderr.count("\n") == 1 and "project chromium sandbox vllm smollm2 tau2-v1 gym07" in run.stderr
 
 
 def test_ci_runs_exactly_the_set_up_and_the_test_command():
