@@ -71,7 +71,7 @@ def release_python(config: Tau2ReleaseConfig) -> str:
 #: release's own offline indexes (BM25, grep) and prompts: an embedding endpoint (``tau2.embeddings``) and tau2's
 #: shell sandbox (``tau2.shell``).
 EMBEDDING_NEEDS = {"openai_embeddings": "openai", "openrouter_embeddings": "openrouter"}
-SERVED_RETRIEVAL_NEEDS: frozenset[str] = frozenset({*EMBEDDING_NEEDS, "shell"})
+SERVED_RETRIEVAL_NEEDS: frozenset[str] = frozenset({*EMBEDDING_NEEDS, "shell", "reranker"})
 #: tau2's own key variable per embedding provider, read when ``tau2.embeddings`` names no endpoint.
 PROVIDER_KEY_VARIABLES = {"openai": "OPENAI_API_KEY", "openrouter": "OPENROUTER_API_KEY"}
 #: The domains whose environments take a retrieval variant.
@@ -142,42 +142,54 @@ class Tau2Worker:
             )
         providers = [EMBEDDING_NEEDS[need] for need in resolved["needs"] if need in EMBEDDING_NEEDS]
         if "shell" in resolved["needs"]:  # first: indexing the embeddings builds an environment, sandbox included
-            try:
-                resolved["shell"] = self.request("connect_shell", **config.shell.model_dump())
-            except Tau2RequestError as e:
-                self.close()
-                raise Tau2WorkerError(f"tau2.shell: {e}") from None
+            shell = config.shell.model_dump()
+            resolved["shell"] = self._connect("shell", "connect_shell", config.start_timeout_s, **shell)
+        if "reranker" in resolved["needs"]:  # before the embeddings: their indexing builds an environment
+            self._check_key(config, "reranker", "openai")
+            resolved["reranker"] = self._connect("reranker", "connect_reranker", config.start_timeout_s,
+                                                 **config.reranker.model_dump(exclude={"timeout_s"}),
+                                                 request_timeout_s=config.reranker.timeout_s)  # fmt: skip
         if providers:
             resolved["embeddings"] = self._connect_embeddings(config, providers[0])
         return resolved
 
+    def _check_key(self, config: Tau2ReleaseConfig, block: str, provider: str) -> None:
+        """The service's key, where one is needed, must be in the environment (never in the config)."""
+        service = getattr(config, block)
+        variable = service.api_key_env or (None if service.base_url else PROVIDER_KEY_VARIABLES[provider])
+        if variable and not os.environ.get(variable):
+            self.close()
+            named = f"tau2.{block}.api_key_env names" if service.api_key_env else "it needs"
+            raise Tau2WorkerError(
+                f"tau2.retrieval_variant {config.retrieval_variant!r} calls {provider}'s API for its {block} and "
+                f"{named} ${variable}, which is not set: export it, or set tau2.{block}.base_url to an "
+                "OpenAI-compatible endpoint (vLLM, llama.cpp; docs/banking-knowledge.md)"
+            )
+
+    def _connect(self, block: str, op: str, wait_s: float, **args: Any) -> dict[str, Any]:
+        """``op`` in the worker; a refusal or a service that fails it closes the worker, naming ``tau2.<block>``."""
+        try:
+            return self.request(op, wait_s=wait_s, **args)
+        except (Tau2RequestError, Tau2WorkerError) as e:
+            self.close()
+            raise Tau2WorkerError(f"tau2.{block}: {e}") from None
+
     def _connect_embeddings(self, config: Tau2ReleaseConfig, provider: str) -> dict[str, Any]:
         """Point the variant's embedder at ``tau2.embeddings`` and have the worker index the corpus now: a missing
         key, or an endpoint that cannot embed it, is refused here in one line, before any episode."""
+        self._check_key(config, "embeddings", provider)
         embeddings = config.embeddings
         variable = embeddings.api_key_env or (None if embeddings.base_url else PROVIDER_KEY_VARIABLES[provider])
-        if variable and not os.environ.get(variable):
-            self.close()
-            named = "tau2.embeddings.api_key_env names" if embeddings.api_key_env else "it needs"
-            raise Tau2WorkerError(
-                f"tau2.retrieval_variant {config.retrieval_variant!r} embeds through {provider}'s API and "
-                f"{named} ${variable}, which is not set: export it, or set tau2.embeddings.base_url to an "
-                "OpenAI-compatible /v1/embeddings (vLLM, llama.cpp; docs/banking-knowledge.md)"
-            )
-        cache_dir = embeddings.cache_dir or str(cache_root() / "embeddings")
-        try:
-            return self.request(
-                "connect_embeddings",
-                wait_s=config.start_timeout_s,
-                base_url=embeddings.base_url,
-                model=embeddings.model,
-                api_key_env=variable,
-                request_timeout_s=embeddings.timeout_s,
-                cache_dir=cache_dir,
-            )
-        except (Tau2ServiceError, Tau2WorkerError) as e:
-            self.close()
-            raise Tau2WorkerError(f"tau2.embeddings: {e}") from None
+        return self._connect(
+            "embeddings",
+            "connect_embeddings",
+            config.start_timeout_s,
+            base_url=embeddings.base_url,
+            model=embeddings.model,
+            api_key_env=variable,
+            request_timeout_s=embeddings.timeout_s,
+            cache_dir=embeddings.cache_dir or str(cache_root() / "embeddings"),
+        )
 
     def _read_line(self, timeout_s: float, doing: str) -> dict:
         """The worker's next answer line: waited for with select() (no thread per request: ~0.1 ms of each)."""

@@ -26,33 +26,39 @@ class NLJudgeConfig(BaseModel):
     timeout_s: float = Field(default=120.0, gt=0, description="Per judge call.")
 
 
-class EmbeddingsConfig(BaseModel):
-    """The embedding endpoint of banking_knowledge's dense variants (``openai_embeddings*``, ``qwen_embeddings*``,
-    ``alltools*``): tau2 calls OpenAI's or OpenRouter's API; any OpenAI-compatible ``/v1/embeddings`` (vLLM,
-    llama.cpp) serves here instead."""
+class ServiceEndpointConfig(BaseModel):
+    """An OpenAI-compatible endpoint a banking_knowledge retrieval variant calls in place of the hosted API tau2
+    names (OpenAI's, or OpenRouter's for ``qwen_*``): ``tau2.embeddings``, ``tau2.reranker``."""
 
     model_config = ConfigDict(extra="forbid")
 
     base_url: str | None = Field(
         default=None,
-        description="OpenAI-compatible endpoint (…/v1); null: the provider the variant names (OpenAI's API for "
-        "openai_*/alltools, OpenRouter's for qwen_*), with its key.",
+        description="OpenAI-compatible endpoint (…/v1); null: the provider the variant names, with its key.",
     )
-    model: str | None = Field(
-        default=None,
-        description="Embedding model; null: the variant's own (text-embedding-3-large, qwen3-embedding-8b).",
-    )
+    model: str | None = Field(default=None, description="Model name; null: the variant's own (tau2's).")
     api_key_env: str | None = Field(
         default=None,
         description="Name of the environment variable holding the key (never the key itself); null: tau2's own "
         "(OPENAI_API_KEY, OPENROUTER_API_KEY) without base_url, no key with one.",
     )
-    timeout_s: float = Field(default=60.0, gt=0, allow_inf_nan=False, description="Per embedding request.")
+    timeout_s: float = Field(default=60.0, gt=0, allow_inf_nan=False, description="Per request.")
+
+
+class EmbeddingsConfig(ServiceEndpointConfig):
+    """The embedding endpoint of the dense variants (``openai_embeddings*``, ``qwen_embeddings*``, ``alltools*``):
+    tau2 calls ``text-embedding-3-large`` or ``qwen3-embedding-8b``; any ``/v1/embeddings`` (vLLM, llama.cpp) here."""
+
     cache_dir: str | None = Field(
         default=None,
         description="Document embeddings on disk, keyed by provider, model and corpus, so a second start embeds "
         "none; null: ~/.cache/nemo-tau2/embeddings.",
     )
+
+
+class RerankerConfig(ServiceEndpointConfig):
+    """The chat endpoint of the reranker variants (``*_reranker*``): tau2's pointwise LLM reranker asks ``gpt-5.2``
+    to rate each retrieved document 0-10 (structured output); any ``/v1/chat/completions`` with JSON schemas here."""
 
 
 class ShellConfig(BaseModel):
@@ -108,6 +114,9 @@ class Tau2ReleaseConfig(BaseModel):
     )
     embeddings: EmbeddingsConfig = Field(
         default_factory=EmbeddingsConfig, description="banking_knowledge's dense variants: the embedding endpoint."
+    )
+    reranker: RerankerConfig = Field(
+        default_factory=RerankerConfig, description="banking_knowledge's reranker variants: the rating LLM."
     )
     shell: ShellConfig = Field(default_factory=ShellConfig, description="banking_knowledge's shell variants.")
     start_timeout_s: float = Field(

@@ -2,7 +2,9 @@
 
 Only the judge's behaviour is scripted: every expected outcome in tau2's judge prompt is met unless the
 conversation contains ``fail_marker`` (case-insensitive); the answer is tau2's format
-(``{"results": [{"expectedOutcome", "reasoning", "metExpectation"}]}``). ``inject(fault, count, when)`` makes it
+(``{"results": [{"expectedOutcome", "reasoning", "metExpectation"}]}``). It also grades as tau2's pointwise LLM
+reranker asks (banking_knowledge's ``*_reranker*`` variants): a document's ``relevance_score`` is the share of the
+query's words it contains, 0-10 (:func:`relevance`). ``inject(fault, count, when)`` makes it
 do what a real judge endpoint can do, for the next ``count`` requests (those whose prompt contains ``when``):
 ``http_500``, ``invalid_json``, ``empty_results`` (then it answers properly again). ``hold(when)`` makes it a
 slow judge on the tests' cue: requests whose prompt contains ``when`` wait, once received (``holding`` is set), until
@@ -11,6 +13,7 @@ slow judge on the tests' cue: requests whose prompt contains ``when`` wait, once
 
 import ast
 import json
+import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -27,6 +30,16 @@ def verdict(prompt: str, fail_marker: str = DEFAULT_FAIL_MARKER) -> dict:
             {"expectedOutcome": outcome, "reasoning": "scripted", "metExpectation": met} for outcome in outcomes
         ]
     }
+
+
+def relevance(prompt: str) -> dict:
+    """tau2's reranker answer (``{"relevance_score": 0-10}``) for the query and document in its prompt."""
+    query = prompt.partition("<start_query>")[2].partition("<end_query>")[0]
+    document = prompt.partition("<start_document>")[2].partition("<end_document>")[0]
+    query_words = set(re.findall(r"[a-z0-9]+", query.lower()))
+    document_words = set(re.findall(r"[a-z0-9]+", document.lower()))
+    share = len(query_words & document_words) / len(query_words) if query_words else 0.0
+    return {"relevance_score": round(10 * share)}
 
 
 class ScriptedJudge:
@@ -67,6 +80,8 @@ class ScriptedJudge:
                     content = "The agent did well."
                 elif fault == "empty_results":
                     content = json.dumps({"results": []})
+                elif "<start_query>" in prompt:
+                    content = json.dumps(relevance(prompt))
                 else:
                     content = json.dumps(verdict(prompt, judge.fail_marker))
                 self._send(200, {

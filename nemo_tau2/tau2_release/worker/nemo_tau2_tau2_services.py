@@ -1,5 +1,5 @@
 """The outside services tau2 calls, pointed at the endpoints the run configures (runs in the worker): the
-NL-assertion judge, and the embedding endpoint banking_knowledge's dense variants call.
+NL-assertion judge, and the embedding endpoint and LLM reranker of banking_knowledge's retrieval variants.
 
 tau2 v1.0.1's embedders build their own OpenAI clients: ``OpenAIEmbedder`` on ``OPENAI_BASE_URL``/``OPENAI_API_KEY``
 from the process environment, ``OpenRouterEmbedder`` on OpenRouter's URL. Pointing the process environment elsewhere
@@ -142,6 +142,45 @@ def _configured_embedder(base: type, provider: str, role: str) -> type:
 
 def _one_line(error: Exception) -> str:
     return re.sub(r"\s+", " ", str(error)).strip()[:300]
+
+
+def connect_reranker(
+    base_url: str | None, model: str | None, api_key_env: str | None, request_timeout_s: float
+) -> dict:
+    """Register, for tau2's ``pointwise_llm_reranker``, a subclass of its own whose client is the configured
+    endpoint. tau2 drops a document whose rating fails (``rate_doc`` returns None on any exception): a silent
+    change of the search results, so each such failure is recorded here and the request answers it as an
+    infrastructure error."""
+    import tau2.knowledge.postprocessors.pointwise_llm_reranker  # noqa: F401  (its import registers it)
+    import tau2.knowledge.registry as registry
+
+    base = registry.POSTPROCESSORS["pointwise_llm_reranker"]
+    while getattr(base, "nemo_tau2_configured", False):
+        base = base.__mro__[1]
+    variable = api_key_env or (None if base_url else DEFAULT_KEY_VARIABLES["openai"])
+    endpoint = {"base_url": base_url, "model": model, "variable": variable, "timeout_s": request_timeout_s}
+
+    class ConfiguredReranker(base):
+        nemo_tau2_configured = True
+
+        def __init__(self, model: str = "gpt-5.2", **params):
+            key = (os.environ.get(endpoint["variable"], "") if endpoint["variable"] else "") or "none"
+            params["api_key"] = key
+            super().__init__(model=endpoint["model"] or model, **params)
+            if endpoint["base_url"]:
+                self.client = OpenAI(base_url=endpoint["base_url"], api_key=key, timeout=endpoint["timeout_s"])
+            else:
+                self.client = self.client.with_options(timeout=endpoint["timeout_s"])
+
+        def _rate_passage(self, query: str, doc_id: str, passage: str) -> int:
+            try:
+                return super()._rate_passage(query, doc_id, passage)
+            except Exception as e:
+                record_fault(f"reranker at {self.client.base_url} failed ({type(e).__name__}: {_one_line(e)})")
+                raise
+
+    registry.POSTPROCESSORS["pointwise_llm_reranker"] = ConfiguredReranker
+    return {"base_url": base_url, "model": model or "gpt-5.2"}
 
 
 class SharedEmbeddingsCache:

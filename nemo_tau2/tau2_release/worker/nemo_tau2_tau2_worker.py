@@ -315,6 +315,7 @@ OPERATIONS = {
     "configure_retrieval": configure_retrieval,
     "connect_embeddings": connect_embeddings,
     "connect_shell": _shell.connect_shell,
+    "connect_reranker": _services.connect_reranker,
     "splits": splits,
     "tasks": tasks,
     "agent_system_prompt": agent_system_prompt,

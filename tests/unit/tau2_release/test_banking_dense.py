@@ -106,9 +106,9 @@ def test_a_missing_key_or_an_endpoint_that_cannot_embed_is_refused_at_start(judg
     with pytest.raises(Tau2WorkerError) as refused:
         Tau2Worker(hosted)
     assert str(refused.value) == (
-        f"tau2.retrieval_variant '{VARIANT}' embeds through openai's API and it needs $OPENAI_API_KEY, which is not "
-        "set: export it, or set tau2.embeddings.base_url to an OpenAI-compatible /v1/embeddings (vLLM, llama.cpp; "
-        "docs/banking-knowledge.md)"
+        f"tau2.retrieval_variant '{VARIANT}' calls openai's API for its embeddings and it needs $OPENAI_API_KEY, "
+        "which is not set: export it, or set tau2.embeddings.base_url to an OpenAI-compatible endpoint (vLLM, "
+        "llama.cpp; docs/banking-knowledge.md)"
     )
     closed = _config(judge, embedder, tmp_path).model_copy(
         update={"embeddings": EmbeddingsConfig(base_url="http://127.0.0.1:9/v1", cache_dir=str(tmp_path))}
@@ -140,3 +140,55 @@ def test_the_eval_serves_a_dense_variant_through_its_gym_servers(judge, embedder
     prompts = json.loads((tmp_path / "system_prompts.json").read_text())
     assert "KB_search" in prompts["prompts"][0]
     assert embedder.stats().texts_embedded_by_model[MODEL] - before < 698  # queries at most: no corpus again
+
+
+RERANKED = "bm25_reranker_grep"
+
+
+@pytest.fixture(scope="module")
+def reranked_worker(judge):
+    """bm25_reranker_grep, its LLM reranker the scripted judge's endpoint (which rates as tau2's prompt asks)."""
+    config = Tau2ReleaseConfig(
+        version="v1.0.1",
+        python=tau2_v1_python(),
+        judge=NLJudgeConfig(model="scripted-judge", base_url=judge.base_url, max_attempts=1),
+        retrieval_variant=RERANKED,
+        reranker={"base_url": judge.base_url},
+    )
+    with Tau2Worker(config) as worker:
+        yield worker
+
+
+def test_the_reranker_variant_scores_and_answers_as_tau2_and_a_failed_rating_is_infrastructure(
+    reranked_worker, judge, tmp_path
+):
+    """Every ninth task as tau2's own run with its reranker on the same endpoint (tau2's way: ``OPENAI_BASE_URL``),
+    searches reranked identically; then a rating endpoint failing: tau2 would silently drop the documents whose
+    rating failed (a different search result scored as the policy's), here the search is an infrastructure error."""
+    greeting = reranked_worker.request("greeting")
+    every = reranked_worker.request("tasks", domain=DOMAIN, split="base")
+    tasks = [task for index, task in enumerate(every) if index % 9 == 0]
+    tau2_endpoint = {"OPENAI_BASE_URL": judge.base_url, "OPENAI_API_KEY": "none"}
+    references = start_references({DOMAIN: tasks}, judge.base_url, tau2_endpoint, tmp_path, retrieval_variant=RERANKED)
+    ours = {}
+    for task in tasks:
+        for name, script in episode_scripts(task, greeting).items():
+            ours[f"{DOMAIN}/{task['id']}/{name}"] = summary(play(reranked_worker, DOMAIN, task["id"], script))
+    assert_same_as_tau2(ours, reference_results(references))
+    searches = [ours[key]["tool_answers"][0]["content"] for key in ours if key.endswith("/extra_reads")]
+    assert searches and all("Score: " in answer for answer in searches)  # rated documents survived the reranker
+
+    seeded = reranked_worker.request("seed", domain=DOMAIN, task_id=tasks[0]["id"])
+    judge.inject("http_500", count=10_000, when="<start_query>")
+    try:
+        with pytest.raises(Tau2ServiceError, match=r"^reranker at .* failed \(InternalServerError.* answering KB_s"):
+            reranked_worker.request(
+                "call_tool", episode_id=seeded["episode_id"], name="KB_search", arguments={"query": "wire transfer"}
+            )
+    finally:
+        judge.inject("http_500", count=0)
+    answered = reranked_worker.request(
+        "call_tool", episode_id=seeded["episode_id"], name="KB_search", arguments={"query": "wire transfer"}
+    )
+    assert "Score: " in answered["content"]
+    reranked_worker.request("end", episode_id=seeded["episode_id"])

@@ -36,13 +36,19 @@ def test_the_oracle_scores_one_on_every_banking_task_with_bm25_grep(judge, relea
     assert "KB_search" in prompts["prompts"][0] and "grep" in prompts["prompts"][0]
 
 
-def test_a_variant_the_release_lacks_or_one_needing_a_service_is_refused_at_start(judge):
+def test_a_variant_the_release_lacks_or_one_needing_a_service_is_refused_at_start(judge, monkeypatch):
     with pytest.raises(Tau2WorkerError, match=r"^tau2.retrieval_variant / tau2.retrieval_kwargs: .*'no_such'"):
         Tau2Worker(Tau2ReleaseConfig(version="v1.0.1", python=tau2_v1_python(), retrieval_variant="no_such"))
-    with pytest.raises(Tau2WorkerError, match=r"'bm25_reranker_grep' calls reranker, which nemo-tau2 does not conn"):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with pytest.raises(Tau2WorkerError) as refused:  # its reranker is OpenAI's by default, and no key is set
         Tau2Worker(
             Tau2ReleaseConfig(version="v1.0.1", python=tau2_v1_python(), retrieval_variant="bm25_reranker_grep")
         )
+    assert str(refused.value) == (
+        "tau2.retrieval_variant 'bm25_reranker_grep' calls openai's API for its reranker and it needs "
+        "$OPENAI_API_KEY, which is not set: export it, or set tau2.reranker.base_url to an OpenAI-compatible "
+        "endpoint (vLLM, llama.cpp; docs/banking-knowledge.md)"
+    )
 
 
 def test_banking_knowledge_under_v021_is_refused_in_one_line_naming_v101(tmp_path, judge, release_tasks):
