@@ -59,7 +59,8 @@ class AsyncTau2Env:
     """tau2 episodes of one domain, step by step (see the module docstring and docs/env-api.md).
 
     Args:
-        domain: airline, retail, telecom or mock.
+        domain: airline, retail, telecom or mock; with ``tau2`` v1.0.1 also its own banking_knowledge and
+            telecom-workflow.
         split: a tau2 split of the domain (train, test, base; telecom also small, full). Or:
         task_ids: these tasks.
         user: the eval/GRPO ``user`` block (``generation``, ``seed``, ``strategy``, ``max_checks``) or only its
@@ -320,6 +321,7 @@ class AsyncTau2Env:
             "task_id": state.task_id,
             "sample_index": state.sample_index,
             "tau2_version": state.tau2_version,
+            "retrieval_variant": state.retrieval_variant,  # banking_knowledge's (None for the other domains)
             "conversation_id": state.conversation_id,
             "termination_reason": state.termination_reason,
             "truncated_by": state.truncated_by,

@@ -13,7 +13,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from nemo_tau2.generation.config import GenerationConfig
 from nemo_tau2.gym.episode_config import EpisodeLimits, EpisodeSettings, UserSimulatorConfig
-from nemo_tau2.tau2_env import domains
+from nemo_tau2.tau2_env import domain_problem, domains
 from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
 
 
@@ -48,7 +48,8 @@ class Tau2EnvConfig(EpisodeLimits):
     def _tasks_exist(self) -> "Tau2EnvConfig":
         if "policy_retry" in self.model_fields_set:
             raise ValueError("policy_retry does not apply to Tau2Env: the caller plays the policy")
-        domains.check_domain(self.domain)
+        if (problem := domain_problem(self.domain, self.tau2.version)) is not None:
+            raise ValueError(problem)  # v1.0.1's own domains (banking_knowledge) are its worker's to serve
         if (self.split is None) == (self.task_ids is None):
             raise ValueError("give exactly one of split (e.g. split='test') or task_ids")
         if self.task_ids is not None and not self.task_ids:

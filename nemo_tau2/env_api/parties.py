@@ -97,6 +97,7 @@ class ReleaseTau2Session:
             raise RowError(str(e)) from e
         self.episode, self.verdict = episode, None
         state.tau2_version = answer["tau2_version"]
+        state.retrieval_variant = answer.get("retrieval_variant")
         state.user_system_prompt = answer["user_system_prompt"]
         state.user_tools = answer["user_tools"]
 

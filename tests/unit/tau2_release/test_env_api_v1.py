@@ -2,6 +2,9 @@
 played step by step through the resources server's own release code and scored by the release's
 ``evaluate_simulation``."""
 
+import json
+from pathlib import Path
+
 import psutil
 import pytest
 
@@ -14,6 +17,8 @@ from nemo_tau2.gym.stack import RESOURCES_SERVER, RESOURCES_SERVER_CLASS, USER_M
 from nemo_tau2.tau2_release.client import WORKER_FILE
 from nemo_tau2.tau2_release.config import NLJudgeConfig, Tau2ReleaseConfig
 from nemo_tau2.testing import start_fake_server
+from nemo_tau2.testing.release_tasks import load_release_tasks
+from nemo_tau2.testing.tau2_scripts import Tau2ScriptsConfig
 from tests.tau2_v1_env import tau2_v1_python
 from tests.unit.env_api.conftest import USER, chat_turns
 
@@ -99,3 +104,30 @@ def test_a_refused_task_id_leaves_no_worker_of_the_release_running(user_endpoint
     with pytest.raises(ValueError, match=r"Tau2Env.task_ids: not in tau2 v1.0.1's tasks: \['nope'\]"):
         Tau2Env("airline", task_ids=["nope"], user=USER, user_endpoint=user_endpoint, tau2=_release(judge))
     assert workers() == before
+
+
+def test_tau2env_plays_banking_knowledge_with_its_discoverable_tools(judge, release_tasks):
+    """banking_knowledge (v1.0.1's own domain) through Tau2Env: the oracle of a plain task and of one whose agent
+    gives the user a discoverable tool (the user's tools grow mid-episode) score 1.0, as the release scores them."""
+    load_release_tasks(release_tasks)  # the scripted policy's gold actions: the release's own tasks
+    tasks = json.loads(Path(release_tasks).read_text())["banking_knowledge"]
+    gives = next(task["id"] for task in tasks if any(
+        action["name"] == "give_discoverable_user_tool" for action in task["evaluation_criteria"]["actions"] or []
+    ))  # fmt: skip
+    task_ids = ["task_001", gives]
+    scripts = Tau2ScriptsConfig(release_tasks=str(release_tasks))
+    with start_fake_server(tau2=scripts) as server:
+        endpoint = GenerationHandle(backend="fake", base_urls=[server.base_url], model_name="fake-user")
+        env = Tau2Env("banking_knowledge", task_ids=task_ids, user=USER, user_endpoint=endpoint, tau2=_release(judge))
+        try:
+            played = []
+            for index in range(2):
+                observation, info = env.reset(index)
+                for action in chat_turns("banking_knowledge", info["task_id"], "oracle"):
+                    observation, reward, terminated, truncated, info = env.step(action)
+                    if terminated or truncated:
+                        break
+                played.append((info["task_id"], reward, info["retrieval_variant"], info["termination_reason"]))
+        finally:
+            env.close()
+    assert played == [(task_id, 1.0, "bm25_grep", "user_stop") for task_id in task_ids]
