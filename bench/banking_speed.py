@@ -4,11 +4,11 @@ For the first ``--tasks`` tasks (those tau2 grades without its NL judge), both s
 resources server would: seed, one knowledge read (``KB_search``, or ``shell`` for the shell variant), every gold
 call, verify (tau2's ``evaluate_simulation``, which rebuilds and replays three environments). Ours through
 ``Tau2Worker`` (the resources server's path, minus HTTP); tau2's in its own process (``bench/banking_reference.py``:
-its runner's environment, ``get_response``, ``evaluate_simulation``), both on this machine at once per variant.
+its runner's environment, ``get_response``, ``evaluate_simulation``), one side after the other.
 Variants: ``bm25_grep`` (the offline default), ``openai_embeddings_grep`` on the fake server's ``/v1/embeddings``
 (both sides; tau2's through ``OPENAI_BASE_URL``), ``terminal_use`` (tau2's sandbox; skipped without ``srt``).
 
-    uv run bench/banking_speed.py [--tasks 8]
+    uv run bench/banking_speed.py [--tasks 8]   # tau2 v1.0.1: $NEMO_TAU2_TAU2_V1_PYTHON, else setup.sh tau2-v1
 
 Prints a table (median ms per step), then a last line of JSON with both sides and the ratios (tau2's / ours).
 """
@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from nemo_tau2.tau2_release.client import Tau2Worker, release_python
+from nemo_tau2.tau2_release.client import TAU2_V1_PYTHON_ENV, Tau2Worker, release_python
 from nemo_tau2.tau2_release.config import EmbeddingsConfig, NLJudgeConfig, Tau2ReleaseConfig
 from nemo_tau2.tau2_release.trajectory import Trajectory
 from nemo_tau2.testing import start_fake_server
@@ -66,27 +66,33 @@ def play(worker: Tau2Worker, task: dict, reads: list[dict], timings: dict) -> No
     assert reward == 1.0, (task["id"], reward)
 
 
+def tau2_v1_python() -> str:
+    """The interpreter of tau2 v1.0.1's environment: ``$NEMO_TAU2_TAU2_V1_PYTHON``, else what the set-up prints."""
+    if os.environ.get(TAU2_V1_PYTHON_ENV):
+        return os.environ[TAU2_V1_PYTHON_ENV]
+    setup = Path(__file__).resolve().parents[1] / "scripts" / "setup.sh"
+    return subprocess.run([str(setup), "tau2-v1"], check=True, capture_output=True, text=True).stdout.split()[-1]
+
+
 def measure(variant: str, reads: list[dict], task_ids: list[str], judge: ScriptedJudge, **config) -> dict:
-    """Both sides of one variant, at once; each side's median ms per step."""
-    python = release_python(Tau2ReleaseConfig(version="v1.0.1"))
-    with tempfile.TemporaryDirectory() as scratch:
-        env = os.environ | config.pop("reference_env", {}) | {"TMPDIR": scratch}
-        reference = subprocess.Popen([python, str(REFERENCE)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, env=env, cwd=scratch)  # fmt: skip
-        reference.stdin.write(json.dumps({"variant": variant, "task_ids": task_ids, "reads": reads,
-                                          "judge_base_url": judge.base_url}))  # fmt: skip
-        reference.stdin.close()
-        judge_config = NLJudgeConfig(model="scripted-judge", base_url=judge.base_url)
-        started = time.perf_counter()
-        release = Tau2ReleaseConfig(version="v1.0.1", judge=judge_config, retrieval_variant=variant, **config)
-        with Tau2Worker(release) as worker:
-            start_s = time.perf_counter() - started
-            tasks = {task["id"]: task for task in worker.request("tasks", domain=DOMAIN, split="base")}
-            timings = {op: [] for op in OPS}
-            for task_id in task_ids:
-                play(worker, tasks[task_id], reads, timings)
-        theirs = json.loads(reference.stdout.read())
-        assert reference.wait() == 0
+    """Both sides of one variant, one after the other (each alone on the machine); median ms per step."""
+    reference_env = config.pop("reference_env", {})
+    judge_config = NLJudgeConfig(model="scripted-judge", base_url=judge.base_url)
+    started = time.perf_counter()
+    release = Tau2ReleaseConfig(version="v1.0.1", judge=judge_config, retrieval_variant=variant, **config)
+    with Tau2Worker(release) as worker:
+        start_s = time.perf_counter() - started
+        tasks = {task["id"]: task for task in worker.request("tasks", domain=DOMAIN, split="base")}
+        timings = {op: [] for op in OPS}
+        for task_id in task_ids:
+            play(worker, tasks[task_id], reads, timings)
+    with tempfile.TemporaryDirectory() as scratch:  # tau2 leaves its sandboxes and caches behind: here, not in /tmp
+        request = {"variant": variant, "task_ids": task_ids, "reads": reads, "judge_base_url": judge.base_url}
+        reference = subprocess.run(
+            [release_python(release), str(REFERENCE)], input=json.dumps(request), capture_output=True, text=True,
+            env=os.environ | reference_env | {"TMPDIR": scratch}, cwd=scratch, check=True,
+        )  # fmt: skip
+        theirs = json.loads(reference.stdout)
     ours = {f"{op}_ms": _ms(timings[op]) for op in OPS} | {"worker_start_s": round(start_s, 2)}
     tau2 = {f"{op}_ms": _ms(theirs[op]) for op in OPS}
     ratios = {key: round(tau2[key] / ours[key], 2) for key in tau2 if ours[key] and ours[key] == ours[key]}
@@ -98,18 +104,20 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=8, help="tasks played per variant and side")
     args = parser.parse_args()
     judge = ScriptedJudge()
-    with Tau2Worker(Tau2ReleaseConfig(version="v1.0.1")) as worker:
+    python = tau2_v1_python()
+    with Tau2Worker(Tau2ReleaseConfig(version="v1.0.1", python=python)) as worker:
         every = worker.request("tasks", domain=DOMAIN, split="base")
     task_ids = [task["id"] for task in every if "NL_ASSERTION" not in task["evaluation_criteria"]["reward_basis"]]
     task_ids = task_ids[: args.tasks]
-    results = {"bm25_grep": measure("bm25_grep", [SEARCH], task_ids, judge)}
+    results = {"bm25_grep": measure("bm25_grep", [SEARCH], task_ids, judge, python=python)}
     with start_fake_server() as embedder, tempfile.TemporaryDirectory() as cache:
         embeddings = EmbeddingsConfig(base_url=embedder.base_url, cache_dir=cache)
         endpoint = {"OPENAI_BASE_URL": embedder.base_url, "OPENAI_API_KEY": "none"}
         results["openai_embeddings_grep"] = measure("openai_embeddings_grep", [SEARCH], task_ids, judge,
-                                                    embeddings=embeddings, reference_env=endpoint)  # fmt: skip
+                                                    python=python, embeddings=embeddings,
+                                                    reference_env=endpoint)  # fmt: skip
     if shutil.which("srt"):
-        results["terminal_use"] = measure("terminal_use", [SHELL], task_ids, judge)
+        results["terminal_use"] = measure("terminal_use", [SHELL], task_ids, judge, python=python)
     judge.close()
     print(f"{'variant':<24}{'step':<9}{'tau2 ms':>10}{'ours ms':>10}{'tau2/ours':>11}")
     for variant, result in results.items():

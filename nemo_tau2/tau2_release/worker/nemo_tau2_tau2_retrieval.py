@@ -7,6 +7,8 @@ hash). They come from the runner's own ``_build_env_kwargs`` on a ``TextRunConfi
 by construction, for the seed, the prompt and tools, and the three environments ``evaluate_simulation`` builds.
 """
 
+import hashlib
+
 from tau2.data_model.simulation import TextRunConfig
 from tau2.runner.build import _build_env_kwargs
 
@@ -29,6 +31,7 @@ class RunRetrieval:
         from tau2.domains.banking_knowledge.retrieval import resolve_variant
 
         resolved = resolve_variant(variant, **(kwargs or {}))
+        share_bm25_indexes()
         self.fields = {"retrieval_config": variant, "retrieval_config_kwargs": dict(kwargs) if kwargs else None}
         # golden_retrieval's prompt holds the task's own documents (tau2: "the policy is task-specific")
         task_specific = resolved.name == "golden_retrieval"
@@ -58,3 +61,36 @@ def variant_needs(variant) -> list:
         if spec.reranker:
             needs.append("reranker")
     return sorted(set(needs))
+
+
+def share_bm25_indexes() -> None:
+    """One BM25 index per corpus and worker, not one per environment: tau2's ``bm25_indexer`` tokenises the 698
+    documents and builds ``BM25Okapi`` for every environment it builds (~45 ms; four an episode: the seed and the
+    evaluator's three). The index is only read afterwards (``get_scores``), so every environment of the worker gets
+    the same one, keyed by a digest of the documents' ids and texts: what tau2 would have built, built once."""
+    import tau2.knowledge.document_preprocessors.bm25_indexer  # noqa: F401  (its import registers it)
+    import tau2.knowledge.registry as registry
+
+    base = registry.DOCUMENT_PREPROCESSORS["bm25_indexer"]
+    if getattr(base, "nemo_tau2_shared", False):
+        return
+    built: dict[tuple, tuple] = {}
+
+    class SharedBM25Indexer(base):
+        nemo_tau2_shared = True
+
+        def process(self, documents, state):
+            digest = hashlib.sha256()
+            for doc in documents:
+                text = doc.get(self.content_field) or doc.get("content") or doc.get("text") or ""
+                digest.update(f"{doc.get('id')}\0{text}\0".encode())
+            key = (self.state_key, digest.hexdigest())
+            if key not in built:
+                fresh: dict = {}
+                super().process(documents, fresh)
+                built[key] = (fresh[self.state_key], fresh[f"{self.state_key}_doc_ids"])
+            state[self.state_key], doc_ids = built[key]
+            state[f"{self.state_key}_doc_ids"] = list(doc_ids)
+            return documents
+
+    registry.DOCUMENT_PREPROCESSORS["bm25_indexer"] = SharedBM25Indexer

@@ -21,6 +21,7 @@ into an ``Error: ...`` message the policy would be scored on): each failure is r
 
 import fcntl
 import hashlib
+import json
 import os
 import re
 from contextlib import contextmanager
@@ -101,7 +102,7 @@ def connect_embeddings(
         for provider in ("openai", "openrouter"):
             base = registry[provider]
             if not getattr(base, "nemo_tau2_configured", False):
-                registry[provider] = _configured_embedder(base, provider, role)
+                registry[provider] = _one_per_settings(_configured_embedder(base, provider, role))
     embeddings_cache._global_cache = SharedEmbeddingsCache(Path(cache_dir))
     with cache_lock():
         try:
@@ -140,6 +141,23 @@ def _configured_embedder(base: type, provider: str, role: str) -> type:
     return Configured
 
 
+def _one_per_settings(cls: type):
+    """What the registry builds ``cls`` with, one instance per settings and worker: tau2 builds a new embedder or
+    reranker, hence a new OpenAI client (~20 ms: its HTTP client and TLS context), for every environment it builds;
+    these hold no state of an episode (their query cache is tau2's own, process-wide), so all share one."""
+    instances: dict[str, object] = {}
+
+    def build(**params):
+        key = json.dumps(params, sort_keys=True, default=str)
+        if key not in instances:
+            instances[key] = cls(**params)
+        return instances[key]
+
+    build.nemo_tau2_configured = True
+    build.nemo_tau2_base = cls.__mro__[1]
+    return build
+
+
 def _one_line(error: Exception) -> str:
     return re.sub(r"\s+", " ", str(error)).strip()[:300]
 
@@ -155,8 +173,7 @@ def connect_reranker(
     import tau2.knowledge.registry as registry
 
     base = registry.POSTPROCESSORS["pointwise_llm_reranker"]
-    while getattr(base, "nemo_tau2_configured", False):
-        base = base.__mro__[1]
+    base = getattr(base, "nemo_tau2_base", base)  # connected before: tau2's own class again
     variable = api_key_env or (None if base_url else DEFAULT_KEY_VARIABLES["openai"])
     endpoint = {"base_url": base_url, "model": model, "variable": variable, "timeout_s": request_timeout_s}
 
@@ -179,7 +196,7 @@ def connect_reranker(
                 record_fault(f"reranker at {self.client.base_url} failed ({type(e).__name__}: {_one_line(e)})")
                 raise
 
-    registry.POSTPROCESSORS["pointwise_llm_reranker"] = ConfiguredReranker
+    registry.POSTPROCESSORS["pointwise_llm_reranker"] = _one_per_settings(ConfiguredReranker)
     return {"base_url": base_url, "model": model or "gpt-5.2"}
 
 
