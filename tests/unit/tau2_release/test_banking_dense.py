@@ -52,22 +52,30 @@ def dense_worker(judge, embedder, cache_dir):
         yield worker
 
 
+def _same_as_tau2_on(worker: Tau2Worker, judge, endpoint: str, tmp_path: Path) -> list[str]:
+    """Every ninth task, its oracle and perturbations (``extra_reads`` searches the knowledge base), played by
+    ``worker`` and by tau2's own run of its variant pointed at ``endpoint`` tau2's way (``OPENAI_BASE_URL``):
+    identical rewards, breakdowns and tool answers, every oracle 1.0. Returns the searches' answers."""
+    greeting = worker.request("greeting")
+    every = worker.request("tasks", domain=DOMAIN, split="base")
+    tasks = [task for index, task in enumerate(every) if index % 9 == 0]
+    tau2_endpoint = {"OPENAI_BASE_URL": endpoint, "OPENAI_API_KEY": "none"}
+    variant = worker.retrieval["variant"]
+    references = start_references({DOMAIN: tasks}, judge.base_url, tau2_endpoint, tmp_path, retrieval_variant=variant)
+    ours = {}
+    for task in tasks:
+        for name, script in episode_scripts(task, greeting).items():
+            ours[f"{DOMAIN}/{task['id']}/{name}"] = summary(play(worker, DOMAIN, task["id"], script))
+    assert_same_as_tau2(ours, reference_results(references))
+    assert all(ours[key]["reward"] == 1.0 for key in ours if key.endswith("/oracle"))
+    return [ours[key]["tool_answers"][0]["content"] for key in ours if key.endswith("/extra_reads")]
+
+
 def test_dense_retrieval_scores_and_answers_as_tau2_on_the_same_endpoint(dense_worker, judge, embedder, tmp_path):
     """Every ninth task, its oracle and perturbations (``extra_reads`` searches the knowledge base), ours and tau2's
     own run on the same endpoint: identical rewards, breakdowns and tool answers; the searches are dense ones."""
     assert dense_worker.retrieval["embeddings"]["counts"]["document_texts"] == 698  # a fresh cache: all embedded
-    greeting = dense_worker.request("greeting")
-    every = dense_worker.request("tasks", domain=DOMAIN, split="base")
-    tasks = [task for index, task in enumerate(every) if index % 9 == 0]
-    tau2_endpoint = {"OPENAI_BASE_URL": embedder.base_url, "OPENAI_API_KEY": "none"}
-    references = start_references({DOMAIN: tasks}, judge.base_url, tau2_endpoint, tmp_path, retrieval_variant=VARIANT)
-    ours = {}
-    for task in tasks:
-        for name, script in episode_scripts(task, greeting).items():
-            ours[f"{DOMAIN}/{task['id']}/{name}"] = summary(play(dense_worker, DOMAIN, task["id"], script))
-    assert_same_as_tau2(ours, reference_results(references))
-    assert all(ours[key]["reward"] == 1.0 for key in ours if key.endswith("/oracle"))
-    searches = [ours[key]["tool_answers"][0]["content"] for key in ours if key.endswith("/extra_reads")]
+    searches = _same_as_tau2_on(dense_worker, judge, embedder.base_url, tmp_path)
     assert searches and all("Score:" in answer for answer in searches)
     assert embedder.stats().texts_embedded_by_model[MODEL] >= 2 * 698  # both sides embedded through it
 
@@ -165,20 +173,10 @@ def test_the_reranker_variant_scores_and_answers_as_tau2_and_a_failed_rating_is_
     """Every ninth task as tau2's own run with its reranker on the same endpoint (tau2's way: ``OPENAI_BASE_URL``),
     searches reranked identically; then a rating endpoint failing: tau2 would silently drop the documents whose
     rating failed (a different search result scored as the policy's), here the search is an infrastructure error."""
-    greeting = reranked_worker.request("greeting")
-    every = reranked_worker.request("tasks", domain=DOMAIN, split="base")
-    tasks = [task for index, task in enumerate(every) if index % 9 == 0]
-    tau2_endpoint = {"OPENAI_BASE_URL": judge.base_url, "OPENAI_API_KEY": "none"}
-    references = start_references({DOMAIN: tasks}, judge.base_url, tau2_endpoint, tmp_path, retrieval_variant=RERANKED)
-    ours = {}
-    for task in tasks:
-        for name, script in episode_scripts(task, greeting).items():
-            ours[f"{DOMAIN}/{task['id']}/{name}"] = summary(play(reranked_worker, DOMAIN, task["id"], script))
-    assert_same_as_tau2(ours, reference_results(references))
-    searches = [ours[key]["tool_answers"][0]["content"] for key in ours if key.endswith("/extra_reads")]
+    searches = _same_as_tau2_on(reranked_worker, judge, judge.base_url, tmp_path)
     assert searches and all("Score: " in answer for answer in searches)  # rated documents survived the reranker
 
-    seeded = reranked_worker.request("seed", domain=DOMAIN, task_id=tasks[0]["id"])
+    seeded = reranked_worker.request("seed", domain=DOMAIN, task_id="task_001")
     judge.inject("http_500", count=10_000, when="<start_query>")
     try:
         with pytest.raises(Tau2ServiceError, match=r"^reranker at .* failed \(InternalServerError.* answering KB_s"):
