@@ -103,6 +103,10 @@ class EpisodeRecord:
     num_turns: int | None = None
     total_tokens: int | None = None
     token_contiguity_breaks: int | None = None  # turns that broke it (a rollouts.jsonl line lists them; None: unknown)
+    # a knowledge domain's (the record's ``retrieval``): the share of the task's required documents its searches
+    # showed, and of the gold discoverable tools it unlocked; None elsewhere, or when the task names none
+    document_recall: float | None = None
+    unlock_recall: float | None = None
 
     def __post_init__(self) -> None:
         where = f"episode of task {self.domain}/{self.task_id}"
@@ -135,10 +139,12 @@ class EpisodeRecord:
             | {"domain": str(row["domain"])}
             | {"task_id": str(row["task_id"])}
             | {"token_contiguity_breaks": breaks}
+            | {name: (row.get("retrieval") or {}).get(name) for name in _RETRIEVAL_FIELDS}
         )
 
 
-_RECORD_FIELDS = tuple(f.name for f in fields(EpisodeRecord))
+_RETRIEVAL_FIELDS = ("document_recall", "unlock_recall")  # inside ``retrieval``, absent where nothing is retrieved
+_RECORD_FIELDS = tuple(f.name for f in fields(EpisodeRecord) if f.name not in _RETRIEVAL_FIELDS)
 
 
 @dataclass
@@ -241,7 +247,7 @@ def _count_summary(prefix: str, records: list[EpisodeRecord], tasks: list[TaskRe
         out[f"{prefix}/num_tasks_excluded@{k}"] = sum(t.num_episodes < k for t in tasks)
     for reason, count in sorted(Counter(r.termination_reason or "unknown" for r in valid).items()):
         out[f"{prefix}/termination/{reason}"] = count
-    for name in ("num_turns", "total_tokens"):
+    for name in ("num_turns", "total_tokens", *_RETRIEVAL_FIELDS):
         known = [getattr(r, name) for r in valid if getattr(r, name) is not None]
         if known:
             out[f"{prefix}/mean_{name}"] = float(np.mean(known))
@@ -277,7 +283,8 @@ def compute_eval_metrics(
     Returns:
         Flat metrics: ``eval/<scope>/pass@<k>``, ``eval/<scope>/pass^<k>``, ``eval/<scope>/mean_reward``, their
         ``_ci<level>_low`` / ``_ci<level>_high``, and per domain and overall the task, episode, infrastructure
-        error and termination-reason counts, mean turns and tokens, and ``token_contiguity_break_rate`` (the share of
+        error and termination-reason counts, mean turns and tokens (and a knowledge domain's ``mean_document_recall``
+        and ``mean_unlock_recall``), and ``token_contiguity_break_rate`` (the share of
         episodes with a break; training gets only their turns before it). ``<scope>`` is a domain, ``overall`` or
         ``macro``. A mean with no eligible task is omitted.
     """

@@ -87,6 +87,7 @@ class RolloutResult:
     reward: float | None = None
     success: bool | None = None
     reward_components: dict[str, Any] = field(default_factory=dict)
+    retrieval: dict[str, Any] | None = None  # a knowledge domain's searches, documents found and tools unlocked
     termination_reason: str | None = None
     truncated_by: str | None = None
     error: str | None = None
@@ -208,6 +209,7 @@ def result_from_response(
         reward=float(body["reward"]),
         success=bool(body["success"]),
         reward_components={key: body[key] for key in COMPONENT_KEYS},
+        retrieval=body.get("retrieval"),
         message_log=(log := message_log_from_output(output, data.token_contiguity.first_break_turn)),
         token_contiguity_breaks=data.token_contiguity.breaks,
         first_break_turn=data.token_contiguity.first_break_turn,

@@ -126,6 +126,7 @@ class Tau2VerifyResponse(BaseVerifyResponse):
     num_tool_calls: int
     num_tool_errors: int
     reward_info: dict[str, Any]
+    retrieval: dict[str, Any] | None = None  # a knowledge domain's: documents found, tools unlocked, against gold
 
 
 _PROTOCOL_ROUTES = frozenset(

@@ -180,6 +180,7 @@ class WorkerRelease:
             "num_tool_calls": episode.num_tool_calls,
             "num_tool_errors": episode.num_tool_errors,
             "reward_info": scored["reward_info"],
+            "retrieval": scored.get("retrieval"),  # a knowledge domain's searches and unlocks (worker: _search_log)
         }
 
     def close(self) -> None:

@@ -8,7 +8,8 @@ version-specific is the release's, through its public API: tasks and splits (``t
 (``evaluate_simulation``, NL judge included). Every environment is tau2's constructor with its runner's arguments
 (``_retrieval``: banking_knowledge's variant), on a fork of one DB snapshot per domain (``_snapshots``); tool specs
 parsed once (``_tool_specs``); ``warm`` hashes a task's gold DB in a forked child (``_warming``); the outside
-services point at the run's endpoints (``_services``: judge, embeddings) and shell commands are bounded (``_shell``).
+services point at the run's endpoints (``_services``: judge, embeddings) and shell commands are bounded (``_shell``);
+a knowledge domain's verdict comes with what the episode retrieved (``_search_log``).
 
 Answers: ``{"id", "ok": true, "result"}`` or ``{"id", "ok": false, "kind", "error"}`` where ``kind`` is
 ``bad_request`` (unknown domain/task/episode, malformed message), ``judge`` (the NL-assertion judge failed),
@@ -31,6 +32,7 @@ from loguru import logger  # noqa: E402  (tau2's logger; quiet unless asked)
 logger.remove()
 logger.add(sys.stderr, level=os.environ.get("NEMO_TAU2_TAU2_LOG_LEVEL", "ERROR"))
 
+import nemo_tau2_tau2_search_log as _search_log  # noqa: E402
 import nemo_tau2_tau2_services as _services  # noqa: E402
 import nemo_tau2_tau2_shell as _shell  # noqa: E402
 from nemo_tau2_tau2_retrieval import RunRetrieval  # noqa: E402
@@ -258,7 +260,8 @@ def evaluate(domain: str, task_id: str, messages: list, termination_reason: str)
     if judged and reason in (TerminationReason.USER_STOP, TerminationReason.AGENT_STOP) and not info.nl_assertions:
         # tau2 passes an empty verdict list; an answer that grades nothing is a judge fault, not a pass.
         raise JudgeError(f"NL-assertion judge returned no results for {len(criteria.nl_assertions)} assertion(s)")
-    return {"reward": info.reward, "reward_info": json.loads(info.model_dump_json())}
+    verdict = {"reward": info.reward, "reward_info": json.loads(info.model_dump_json())}
+    return verdict | _search_log.retrieval_of(domain, task, simulation.messages)  # beside the verdict, not in it
 
 
 def verify(episode_id: str, messages: list, termination_reason: str) -> dict:

@@ -9,6 +9,8 @@ lacks, one that calls a service not connected, and the domain under v0.2.1 are e
 in one line."""
 
 import json
+import re
+import subprocess
 
 import pytest
 
@@ -31,6 +33,11 @@ def test_the_oracle_scores_one_on_every_banking_task_with_bm25_grep(judge, relea
     assert len(records) == 97 and summary["tau2_version"] == "v1.0.1"
     failed = [(r["task_id"], r["status"], r.get("reward"), r.get("error")) for r in records if r.get("reward") != 1.0]
     assert failed == []
+    # the oracle unlocks every gold tool and searches nothing: in each record and in the summary
+    unlocks = [r["retrieval"]["unlock_recall"] for r in records]
+    assert set(unlocks) == {1.0, None} and all(r["retrieval"]["searches"] == [] for r in records)
+    assert summary["metrics"]["eval/banking_knowledge/mean_unlock_recall"] == 1.0
+    assert summary["metrics"]["eval/banking_knowledge/mean_document_recall"] == 0.0
     prompts = json.loads((tmp_path / "system_prompts.json").read_text())
     assert len(prompts["prompts"]) == 1 and len(prompts["tasks"]) == 97  # one prompt: bm25_grep's is the task's own
     assert "KB_search" in prompts["prompts"][0] and "grep" in prompts["prompts"][0]
@@ -90,3 +97,52 @@ def test_rows_of_another_retrieval_variant_are_refused_before_anything_starts(tm
     raw = banking_eval_config(tmp_path / "out", judge, release_tasks, f"data.data_path={rows}")
     with pytest.raises(ConfigError, match=r"written for retrieval variant \['golden_retrieval'\], not tau2.retriev"):
         build_eval_rows(setup_eval(raw))  # what run_eval does first, before any server starts
+
+
+def _document_titles(doc_ids: list[str]) -> dict[str, str]:
+    """The release's own titles of ``doc_ids`` (its knowledge base, read in its environment)."""
+    code = (
+        "import json, sys; from tau2.domains.banking_knowledge.environment import get_knowledge_base; "
+        "kb = get_knowledge_base(); print(json.dumps({d: kb.get_document(d).title for d in sys.argv[1:]}))"
+    )
+    run = subprocess.run([tau2_v1_python(), "-c", code, *doc_ids], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout.splitlines()[-1])
+
+
+def test_a_verdict_says_which_required_documents_were_found_and_which_gold_tools_unlocked(worker):
+    """The verdict's ``retrieval``: each search with the documents its answer listed (tau2's ``ID:`` lines), the
+    task's required documents found among them, and the discoverable tools unlocked against the gold unlocks."""
+    greeting = worker.request("greeting")
+    task = next(
+        task
+        for task in worker.request("tasks", domain=DOMAIN, split="base")
+        if len(task.get("required_documents") or []) >= 2 and "call_without_unlock" in episode_scripts(task, greeting)
+    )
+    required = task["required_documents"]
+    title = _document_titles(required[:1])[required[0]]
+    reads = [
+        {"name": "KB_search", "arguments": {"query": title}, "requestor": "assistant"},
+        {"name": "grep", "arguments": {"pattern": "zq-no-document-says-this-qz"}, "requestor": "assistant"},
+    ]
+    scripts = episode_scripts(task, greeting, reads)
+    played = play(worker, DOMAIN, task["id"], scripts["extra_reads"])
+    retrieval, listed = played["retrieval"], re.findall(r"^\s*ID: (\S+)$", played["tool_answers"][0]["content"], re.M)
+    assert played["reward"] == 1.0 and required[0] in listed
+    assert retrieval["searches"] == [
+        {"tool": "KB_search", "arguments": {"query": title}, "documents": listed},
+        {"tool": "grep", "arguments": {"pattern": "zq-no-document-says-this-qz"}, "documents": []},
+    ]
+    assert retrieval["documents_found"] == listed and retrieval["required_documents"] == required
+    assert retrieval["document_recall"] == round(len(set(listed) & set(required)) / len(set(required)), 6) > 0
+    gold = [a["arguments"]["agent_tool_name"] for a in task["evaluation_criteria"]["actions"]
+            if a["name"] == "unlock_discoverable_agent_tool"]  # fmt: skip
+    assert retrieval["tools_unlocked"] == retrieval["gold_unlocks"] == list(dict.fromkeys(gold))
+    assert retrieval["unlock_recall"] == 1.0 and retrieval["extra_unlocks"] == []
+    assert set(retrieval["agent_tools_called"]) == set(retrieval["gold_agent_tool_calls"]) != set()
+
+    skipped = play(worker, DOMAIN, task["id"], scripts["call_without_unlock"])["retrieval"]
+    assert skipped["searches"] == [] and skipped["document_recall"] == 0.0
+    unlocks = [step[3]["agent_tool_name"] for step in scripts["call_without_unlock"]["steps"]
+               if step[0] == "call" and step[2] == "unlock_discoverable_agent_tool"]  # fmt: skip
+    assert skipped["tools_unlocked"] == list(dict.fromkeys(unlocks)) and skipped["unlock_recall"] < 1.0

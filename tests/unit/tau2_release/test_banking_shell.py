@@ -153,3 +153,39 @@ def test_the_worker_takes_its_sandboxes_with_it_and_a_missing_dependency_is_refu
         Tau2Worker(config)
     needs = "tau2.shell: tau2's shell sandbox needs srt on PATH"
     assert str(refused.value) == f"{needs}: scripts/setup.sh sandbox installs them"
+
+
+def test_a_verdict_counts_the_documents_a_shell_command_showed_not_the_names_it_listed(read_only):
+    """``shell`` shows a document when its text comes back: a ``cat`` of its file, or a grep line ``<file>:<text>``;
+    a listing (``ls``) or grep's counts (``<file>:<n>``) show none."""
+    greeting = read_only.request("greeting")
+    task = next(
+        task
+        for task in read_only.request("tasks", domain=DOMAIN, split="base")
+        if len(task.get("required_documents") or []) >= 2
+        and all(doc.replace("_", "").replace("-", "").isalnum() for doc in task["required_documents"][:2])
+        and "extra_reads" in episode_scripts(task, greeting)
+    )
+    first, second = task["required_documents"][:2]
+    commands = [
+        f"cat {first}.md",
+        "ls | head -3",
+        f"grep -c 'the' {first}.md {second}.md",
+        "grep -rn 'overdraft' . | head -4",
+    ]
+    reads = [{"name": "shell", "arguments": {"command": command}, "requestor": "assistant"} for command in commands]
+    played = play(read_only, DOMAIN, task["id"], episode_scripts(task, greeting, reads)["extra_reads"])
+    grepped = [
+        line.split(":")[0].removeprefix("./").removesuffix(".md")
+        for line in played["tool_answers"][3]["content"].splitlines()
+    ]
+    assert len(grepped) == 4 and all(name.startswith("doc_") for name in grepped)
+    assert [search["documents"] for search in played["retrieval"]["searches"]] == [
+        [first],
+        [],
+        [],
+        list(dict.fromkeys(grepped)),
+    ]
+    assert played["retrieval"]["document_recall"] == round(
+        len({first, *grepped} & set(task["required_documents"])) / len(set(task["required_documents"])), 6
+    )
