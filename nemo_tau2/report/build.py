@@ -11,6 +11,7 @@ from nemo_tau2.report import eval_figures as ef
 from nemo_tau2.report import page
 from nemo_tau2.report.compare import flipped_tasks
 from nemo_tau2.report.episodes import OUTCOME_COLORS, Redactor, episode_payload
+from nemo_tau2.report.retrieval import has_retrieval, retrieval_figures, retrieval_table
 from nemo_tau2.report.sources import EvalRun, ReportInputError, TrainingRun, check_comparable, load_results
 from nemo_tau2.report.training_figures import training_figures
 
@@ -97,6 +98,17 @@ def _eval_sections(p: _Page, runs: list[EvalRun], labels: list[str], prefix: str
         f'<div class="grid2">{"".join(p.chart(f"{prefix}bars_{i}", fig) for i, fig in enumerate(bars))}</div>',
         nav="Failures",
     )
+    if has_retrieval(runs):
+        charts = "".join(p.chart(f"{prefix}retrieval_{i}", fig) for i, fig in enumerate(retrieval_figures(runs)))
+        table = page.card(retrieval_table(runs, lambda i, r: ef.episode_key(indices[i], r)))
+        p.add(
+            f"{prefix}retrieval",
+            "Retrieval",
+            f'<div class="grid2">{charts}</div>{table}',
+            "Found: the task's required documents among those its searches showed (KB_search and grep list them, "
+            "shell shows a file's text); unlocked: the gold actions' discoverable tools the agent unlocked.",
+            nav="Retrieval",
+        )
     dists = "".join(p.chart(f"{prefix}dist_{i}", fig) for i, fig in enumerate(ef.distribution_figures(runs)))
     p.add(
         f"{prefix}cost",
@@ -166,6 +178,10 @@ def build_report(paths: Sequence[str | Path], out: str | Path) -> Path:
         names = [f"{run.path.parent.name}/{run.name}" for run in runs]
         for run, name in zip(runs, names, strict=True):
             run.name = name
+    if len(runs) > 1 and len({tuple(run.retrieval_variants) for run in runs if isinstance(run, EvalRun)}) > 1:
+        for run in runs:  # variant against variant: each run says which it searched with
+            run.name = f"{run.name} [{', '.join(run.retrieval_variants) or 'no retrieval'}]"
+        names = [run.name for run in runs]
     if isinstance(runs[0], EvalRun):
         _eval_sections(p, runs, names, "", kind)
     else:

@@ -56,6 +56,11 @@ class EvalRun:
     def task_keys(self) -> set[tuple[str, str]]:
         return {(str(r["domain"]), str(r["task_id"])) for r in self.records}
 
+    @property
+    def retrieval_variants(self) -> list[str]:
+        """The knowledge-retrieval variants its episodes were played with (banking_knowledge's; empty elsewhere)."""
+        return sorted({str(r["retrieval_variant"]) for r in self.records if r.get("retrieval_variant")})
+
 
 @dataclass
 class TrainingRun:

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from tau2.data_model.tasks import Task
 
 _tasks: dict[tuple[str, str], "Task"] = {}
+_required_documents: dict[tuple[str, str], list[str]] = {}  # a knowledge task's (v0.2.1's Task has no such field)
 _loaded: set[str] = set()
 
 
@@ -33,12 +34,18 @@ def load_release_tasks(path: str | Path) -> bool:
     for domain, tasks in data.items():
         for task in tasks:
             _tasks[(domain, str(task["id"]))] = Task.model_validate(task)
+            _required_documents[(domain, str(task["id"]))] = list(task.get("required_documents") or [])
     _loaded.add(path)
     return True
 
 
 def release_task(domain: str, task_id: str) -> "Task | None":
     return _tasks.get((domain, str(task_id)))
+
+
+def required_documents(domain: str, task_id: str) -> list[str]:
+    """The release task's ``required_documents`` (banking_knowledge's; empty for others)."""
+    return _required_documents.get((domain, str(task_id)), [])
 
 
 def write_release_tasks(path: str | Path, tasks_by_domain: dict[str, list[dict[str, Any]]]) -> Path:

@@ -13,7 +13,8 @@ the left and two from the right.
 - **User strategies**: react-formatted messages when the user's system prompt asks for them, ``user_check`` and
   ``user_reflect`` calls answered in their formats (:class:`UserScriptConfig` ``failed_checks``, ``unformatted``).
 - **Variants** (:class:`PolicyScriptConfig`): ``do_nothing`` closes at once, ``wrong_argument`` corrupts one
-  argument of the first write action, ``transfer`` transfers to a human agent (the user answers ``###TRANSFER###``).
+  argument of the first write action, ``transfer`` transfers to a human agent (the user answers ``###TRANSFER###``),
+  ``search_first`` (banking_knowledge) searches the knowledge base for the first required document first.
   ``variant_every = n`` plays the variant only for samples whose index ``i`` has ``i % n == n - 1`` (``n = 2``:
   every other sample, indexes 1, 3, 5, ...) and the oracle for the others; the sample index is the trailing integer
   of the key's episode id (``"7"``, ``"ep-7"``, ``"rollout_7"`` -> 7).
@@ -31,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import nemo_tau2.testing.chat_tokens as chat_tokens
 from nemo_tau2.gym.agent import user_strategies as strategies
+from nemo_tau2.testing.release_tasks import release_task, required_documents
 from nemo_tau2.testing.scripts import DEFAULT_CLOSING_TEXT, ScriptError, ScriptRequest, Turn, WhenExhausted
 
 if TYPE_CHECKING:
@@ -101,10 +103,11 @@ class PolicyScriptConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    variant: Literal["oracle", "do_nothing", "wrong_argument", "transfer"] = Field(
+    variant: Literal["oracle", "do_nothing", "wrong_argument", "transfer", "search_first"] = Field(
         "oracle",
         description="oracle plays the gold actions; do_nothing closes at once; wrong_argument corrupts one argument "
-        "of the first write action; transfer hands the customer to a human agent",
+        "of the first write action; transfer hands the customer to a human agent; search_first (a knowledge "
+        "domain's) searches for the first required document, then plays the oracle",
     )
     variant_every: int = Field(
         1,
@@ -182,9 +185,7 @@ def _gold_actions(task: "Task") -> list:
 
 
 def _action_turn(name: str, arguments: dict[str, Any], requestor: str) -> Turn:
-    if requestor == "user":
-        return Turn.say(device_action_request(name, arguments))
-    return Turn.call(name, arguments)
+    return Turn.say(device_action_request(name, arguments)) if requestor == "user" else Turn.call(name, arguments)
 
 
 def oracle_turns(task: "Task") -> list[Turn]:
@@ -243,31 +244,34 @@ def wrong_argument_turns(domain: str, task: "Task") -> list[Turn]:
     raise ScriptError(f"{domain} task {task.id!r} has no write action with an argument to get wrong")
 
 
+def search_first_turns(domain: str, task: "Task") -> list[Turn]:
+    """The oracle after a ``KB_search`` by the words of the first required document's id (``doc_a_b_001``: "a b")."""
+    words = re.sub(r"^doc_|_\d+$", "", (required_documents(domain, task.id) or ["doc_fees"])[0]).replace("_", " ")
+    return [Turn.call("KB_search", {"query": words}), *oracle_turns(task)]
+
+
 def transfer_turns(domain: str) -> list[Turn]:
     from nemo_tau2.tau2_env import domains
 
     if "transfer_to_human_agents" not in domains.agent_tool_names(domain):
         raise ScriptError(f"domain {domain!r} has no transfer_to_human_agents tool for the transfer variant")
-    summary = "The customer needs help that I cannot give; transferring to a human agent."
-    return [Turn.call("transfer_to_human_agents", {"summary": summary}), Turn.say(TRANSFER_TEXT)]
+    summary = {"summary": "The customer needs help that I cannot give; transferring to a human agent."}
+    return [Turn.call("transfer_to_human_agents", summary), Turn.say(TRANSFER_TEXT)]
 
 
 @functools.lru_cache(maxsize=4096)
 def policy_turns(domain: str, task_id: str, variant: str) -> tuple[Turn, ...]:
     """What the scripted policy says in an episode of the task (a :class:`PolicyScriptConfig` variant)."""
     task = task_of(domain, task_id)
-    if variant == "do_nothing":
-        return (Turn.say(DEFAULT_CLOSING_TEXT),)
+    if variant in ("do_nothing", "transfer"):
+        return (Turn.say(DEFAULT_CLOSING_TEXT),) if variant == "do_nothing" else tuple(transfer_turns(domain))
     if variant == "wrong_argument":
         return tuple(wrong_argument_turns(domain, task))
-    if variant == "transfer":
-        return tuple(transfer_turns(domain))
-    return tuple(oracle_turns(task))
+    return tuple(search_first_turns(domain, task) if variant == "search_first" else oracle_turns(task))
 
 
 def task_of(domain: str, task_id: str) -> "Task":
     from nemo_tau2.tau2_env import domains
-    from nemo_tau2.testing.release_tasks import release_task
 
     if (task := release_task(domain, task_id)) is not None:
         return task
