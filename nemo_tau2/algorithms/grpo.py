@@ -79,6 +79,7 @@ class GRPOSetup:
     on_rollout_progress: Callable[[RolloutProgress], None] | None = None  # e.g. a progress bar's postfix
     collector: AsyncCollector | None = None  # async GRPO (grpo.async_grpo.enabled): generates beside the trainer
     rollout_log: TrainRolloutLog | None = None  # each step's episodes on disk (logger.save_rollouts)
+    trained_on: dict = field(default_factory=dict)  # tau2 release and retrieval variant, in every checkpoint
 
     def close(self) -> None:
         self.resources.close()
@@ -119,8 +120,9 @@ def setup(cfg: GRPOMasterConfig, train_rows: list[dict], val_rows: list[dict]) -
         curriculum = TaskCurriculum([_task_key(row) for row in train_rows], cfg.grpo.curriculum, cfg.grpo.seed)
         metrics_logger = resources.enter_context(MetricsLogger(cfg.logger))
         start_step, state = 0, None
+        played = training_setup.trained_on(cfg, train_rows + val_rows)
         latest = (
-            resumable_checkpoint(cfg.checkpointing.checkpoint_dir, cfg.policy, tau2_version=cfg.tau2.version)
+            resumable_checkpoint(cfg.checkpointing.checkpoint_dir, cfg.policy, played=played)
             if cfg.checkpointing.enabled
             else None
         )
@@ -151,6 +153,7 @@ def setup(cfg: GRPOMasterConfig, train_rows: list[dict], val_rows: list[dict]) -
             resources,
             collector=collector,
             rollout_log=rollout_log,
+            trained_on=played,
         )
         if latest is not None:  # the generation backend must serve the resumed weights, labelled with their step
             sync_policy_weights(policy, generation, cfg.checkpointing.checkpoint_dir, weight_version=start_step)
@@ -211,6 +214,8 @@ def _roll_out(s: GRPOSetup, rows: list[dict], sampling: SamplingParams, step: in
 def training_sequences(s: GRPOSetup, groups: list[EpisodeGroup]) -> tuple[list[TrainingSequence], dict]:
     """Advantages per episode, then one training sequence per episode that has generated tokens."""
     episodes, group_ids = flatten_groups(groups)
+    if not episodes:  # every episode of the step failed: nothing to weigh
+        return [], {"train/num_untrainable_episodes": 0, "train/num_sequences": 0}
     rewards = torch.tensor([episode.reward for episode in episodes], dtype=torch.float32)
     advantages = compute_advantages(rewards, torch.tensor(group_ids), s.cfg.grpo.advantage_config())
     sequences, untrainable = [], 0
@@ -243,7 +248,11 @@ def train(s: GRPOSetup, sequences: list[TrainingSequence], step: int) -> dict[st
     """Attach the trainer's (and reference) logprobs, check them against the generator's on the episodes its
     current weights (those of ``step``) sampled (the last weight sync must be what generated them; async GRPO's
     older turns differ by their staleness, which the importance correction weighs), then one update on exactly the
-    sampled tokens."""
+    sampled tokens. A step with no episode to train on (none has token data: every generation cut at its first turn,
+    or every episode failed) updates nothing, with a warning: ``train/num_sequences`` 0 in its metrics."""
+    if not sequences:
+        logger.warning("step %d: no episode has tokens to train on; the weights stay as they were", step + 1)
+        return {}
     for sequence, logprobs in zip(sequences, s.policy.get_logprobs(sequences), strict=True):
         sequence.prev_logprobs = logprobs
     agreement = generation_agreement(sequences, weight_version=step)
@@ -285,7 +294,7 @@ def save_checkpoint(s: GRPOSetup, step: int) -> Path:
     """Weights, optimizer, the curriculum and (async) the prompts drawn but not yet trained (regenerated on resume);
     the tau2 release trained on."""
     state = s.collector.state_dict() if s.collector is not None else {"curriculum": s.curriculum.state_dict()}
-    state |= {"step": step, "tau2_version": s.cfg.tau2.version}
+    state |= {"step": step, **s.trained_on}
     directory = s.policy.save_checkpoint(step_dir(s.cfg.checkpointing.checkpoint_dir, step), state)
     if s.cfg.checkpointing.keep_top_k is not None:
         prune_checkpoints(s.cfg.checkpointing.checkpoint_dir, s.cfg.checkpointing.keep_top_k)

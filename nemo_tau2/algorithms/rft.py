@@ -50,6 +50,7 @@ class RFTSetup:
     start_round: int = 0
     kept_so_far: list[dict] = field(default_factory=list)
     resources: ExitStack = field(default_factory=ExitStack)
+    trained_on: dict = field(default_factory=dict)  # tau2 release and retrieval variant, in every checkpoint
 
     def close(self) -> None:
         self.resources.close()
@@ -79,11 +80,11 @@ def setup(cfg: RFTMasterConfig, train_rows: list[dict], val_rows: list[dict]) ->
             cfg, [str(row["domain"]) for row in train_rows + val_rows], resources
         )
         metrics_logger = resources.enter_context(MetricsLogger(cfg.logger))
-        s = RFTSetup(cfg, policy, generation, environment, train_rows, val_rows, metrics_logger, resources=resources)
+        played = training_setup.trained_on(cfg, train_rows + val_rows)
+        s = RFTSetup(cfg, policy, generation, environment, train_rows, val_rows, metrics_logger, resources=resources,
+                     trained_on=played)  # fmt: skip
         latest = (
-            training_setup.resumable_checkpoint(
-                cfg.checkpointing.checkpoint_dir, cfg.policy, tau2_version=cfg.tau2.version
-            )
+            training_setup.resumable_checkpoint(cfg.checkpointing.checkpoint_dir, cfg.policy, played=played)
             if cfg.checkpointing.enabled
             else None
         )
@@ -190,7 +191,7 @@ def validate(s: RFTSetup, round_done: int) -> dict[str, float]:
 
 def save_checkpoint(s: RFTSetup, round_done: int) -> Path:
     state = {"step": round_done, "kept_so_far": s.kept_so_far if s.cfg.rft.accumulate else []}
-    state["tau2_version"] = s.cfg.tau2.version
+    state |= s.trained_on
     directory = s.policy.save_checkpoint(step_dir(s.cfg.checkpointing.checkpoint_dir, round_done), state)
     if s.cfg.checkpointing.keep_top_k is not None:
         prune_checkpoints(s.cfg.checkpointing.checkpoint_dir, s.cfg.checkpointing.keep_top_k)

@@ -56,6 +56,7 @@ class SFTSetup:
     environment: Tau2Environment | None = None
     start_step: int = 0
     resources: ExitStack = field(default_factory=ExitStack)
+    trained_on: dict = field(default_factory=dict)  # tau2 release and retrieval variant, in every checkpoint
 
     def close(self) -> None:
         self.resources.close()
@@ -117,11 +118,10 @@ def setup(cfg: SFTMasterConfig, train_rows: list[dict], val_rows: list[dict], ev
         s = SFTSetup(
             cfg, policy, train_sequences, val_sequences, eval_rows, metrics_logger,
             generation, environment, resources=resources,
+            trained_on=(played := training_setup.trained_on(cfg, train_rows + val_rows + eval_rows)),
         )  # fmt: skip
         latest = (
-            training_setup.resumable_checkpoint(
-                cfg.checkpointing.checkpoint_dir, cfg.policy, tau2_version=cfg.tau2.version
-            )
+            training_setup.resumable_checkpoint(cfg.checkpointing.checkpoint_dir, cfg.policy, played=played)
             if cfg.checkpointing.enabled
             else None
         )
@@ -191,7 +191,7 @@ def validate(s: SFTSetup, step: int) -> dict[str, float]:
 def save_checkpoint(s: SFTSetup, step: int, epoch: int) -> Path:
     directory = s.policy.save_checkpoint(
         step_dir(s.cfg.checkpointing.checkpoint_dir, step),
-        {"step": step, "epoch": epoch, "tau2_version": s.cfg.tau2.version},
+        {"step": step, "epoch": epoch, **s.trained_on},
     )
     if s.cfg.checkpointing.keep_top_k is not None:
         prune_checkpoints(s.cfg.checkpointing.checkpoint_dir, s.cfg.checkpointing.keep_top_k)

@@ -8,7 +8,7 @@ the evaluator's metrics, and the newest whole checkpoint to resume from. The con
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from nemo_tau2.models.policy.lm_policy import Policy
 from nemo_tau2.models.policy.megatron_config import megatron_layout
 from nemo_tau2.ray_output import RAY_LOG_FILE
 from nemo_tau2.tau2_env import gym_rows
+from nemo_tau2.tau2_release.client import KNOWLEDGE_DOMAINS
 from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
 from nemo_tau2.tau2_release.rows import check_release, release_rows
 
@@ -49,14 +50,22 @@ def plan_memory(cfg: Any, *, reference: bool) -> MemoryPlan:
     return make_plan(cfg.policy, cfg.cluster, reference=reference, shape=shape)
 
 
-def resumable_checkpoint(checkpoint_dir: str | Path, policy: PolicyConfig, *, tau2_version: str) -> Path | None:
+def trained_on(cfg: Any, rows: Iterable[dict]) -> dict[str, str | None]:
+    """What a run's checkpoints record they were trained on, and what a resume must match: the tau2 release, and the
+    retrieval variant (``tau2.retrieval_variant``) when a row is a knowledge domain's, whose prompts, tools and
+    retrieval are the variant's (None otherwise: nothing the run plays depends on it)."""
+    knowledge = any(str(row.get("domain")) in KNOWLEDGE_DOMAINS for row in rows)
+    return {"tau2_version": cfg.tau2.version, "retrieval_variant": cfg.tau2.retrieval_variant if knowledge else None}
+
+
+def resumable_checkpoint(checkpoint_dir: str | Path, policy: PolicyConfig, *, played: dict) -> Path | None:
     """The newest checkpoint that is whole: every part present and a trainer state that parses with its step.
 
     Checkpoints are renamed into place only once complete, but a copy, a sync or a crash of the filesystem can
     still leave a ``step_<N>`` folder with a part missing or cut short; resuming from it would fail or, worse,
     resume from garbage. Such folders are skipped with a warning naming what is wrong, and never deleted. A whole
     checkpoint this run cannot resume (the other backend, another Megatron layout than ``policy``'s, another tau2
-    release than ``tau2_version``) stops the run in one line
+    release or retrieval variant than ``played``, :func:`trained_on`'s) stops the run in one line
     (:class:`~nemo_tau2.models.policy.checkpoint.CheckpointMismatchError`), before anything starts: starting afresh
     beside it would train from scratch without a word.
     """
@@ -66,7 +75,7 @@ def resumable_checkpoint(checkpoint_dir: str | Path, policy: PolicyConfig, *, ta
             ckpt.check_checkpoint_dir(path, layout)
             if int(ckpt.read_trainer_state(path)["step"]) != step:
                 raise ValueError(f"its trainer state is for another step than {step}")
-            check_checkpoint_release(path, tau2_version)
+            check_checkpoint_release(path, played)
         except ckpt.CheckpointMismatchError:
             raise
         except (OSError, ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
@@ -76,15 +85,24 @@ def resumable_checkpoint(checkpoint_dir: str | Path, policy: PolicyConfig, *, ta
     return None
 
 
-def check_checkpoint_release(path: Path, tau2_version: str) -> None:
-    """Refuse to resume from a checkpoint trained on another tau2 release than the run's (its tasks, tools and
-    scores were that release's); a checkpoint that names none predates the choice: v0.2.1. Every training loop
-    saves ``tau2_version`` in its trainer state."""
-    trained = ckpt.read_trainer_state(path).get("tau2_version", "v0.2.1")
-    if trained != tau2_version:
+def check_checkpoint_release(path: Path, played: dict) -> None:
+    """Refuse to resume from a checkpoint trained on another tau2 release (its tasks, tools and scores were that
+    release's) or another retrieval variant than the run's (:func:`trained_on`; every training loop saves it in its
+    trainer state). A checkpoint that names no release predates the choice: v0.2.1; one that names no variant
+    played no knowledge domain."""
+    state = ckpt.read_trainer_state(path)
+    trained = state.get("tau2_version", "v0.2.1")
+    if trained != played["tau2_version"]:
         raise ckpt.CheckpointMismatchError(
-            f"{path} was trained on tau2 {trained}, this run is tau2.version {tau2_version}: resume with that "
-            "release, or set another checkpointing.checkpoint_dir"
+            f"{path} was trained on tau2 {trained}, this run is tau2.version {played['tau2_version']}: resume with "
+            "that release, or set another checkpointing.checkpoint_dir"
+        )
+    variant = state.get("retrieval_variant")
+    if variant != played["retrieval_variant"]:
+        raise ckpt.CheckpointMismatchError(
+            f"{path} was trained with retrieval variant {variant}, this run plays {played['retrieval_variant']} "
+            "(tau2.retrieval_variant, data.domains): resume with that variant, or set another "
+            "checkpointing.checkpoint_dir"
         )
 
 

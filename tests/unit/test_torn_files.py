@@ -148,6 +148,7 @@ def _policy(num_workers: int = 1, megatron: bool = False, megatron_cfg_extra: di
 
 
 TORCH_POLICY = _policy()
+V021 = {"tau2_version": "v0.2.1", "retrieval_variant": None}  # what a run of airline, retail or telecom plays
 
 
 def _checkpoint(root: Path, step: int, trainer_state: bytes | None = None, without: str | None = None,
@@ -175,9 +176,9 @@ def test_resume_never_picks_a_half_written_checkpoint_whatever_byte_its_trainer_
         newest = _checkpoint(root, 2, trainer_state=full_state[:cut])
         _checkpoint(root, 3, without=ckpt.SCHEDULER_FILE)  # a part never written
         (root / "tmp_step_4").mkdir()  # a save still in progress
-        found = resumable_checkpoint(root, TORCH_POLICY, tau2_version="v0.2.1")
+        found = resumable_checkpoint(root, TORCH_POLICY, played=V021)
         assert found == (newest if cut == len(full_state) else good), f"cut at {cut}"
-    assert resumable_checkpoint(tmp_path / "absent", TORCH_POLICY, tau2_version="v0.2.1") is None
+    assert resumable_checkpoint(tmp_path / "absent", TORCH_POLICY, played=V021) is None
 
 
 def test_resume_stops_in_one_line_on_a_checkpoint_of_the_other_backend_or_another_megatron_layout(tmp_path):
@@ -191,21 +192,21 @@ def test_resume_stops_in_one_line_on_a_checkpoint_of_the_other_backend_or_anothe
     torn = _checkpoint(megatron_root, 4, megatron_layout=layout)  # its layout.json cut short
     layout_file = torn / ckpt.MEGATRON_DIR / ckpt.MEGATRON_LAYOUT_FILE
     layout_file.write_bytes(layout_file.read_bytes()[:20])
-    found = resumable_checkpoint(megatron_root, megatron, tau2_version="v0.2.1")
+    found = resumable_checkpoint(megatron_root, megatron, played=V021)
     assert found == newest  # step_3 and step_4 are incomplete: skipped
     with pytest.raises(ValueError, match=r"is not a complete checkpoint: layout.json is not a JSON object$"):
         ckpt.check_checkpoint_dir(torn, layout)
     expected = r"written by the torch backend \(policy/\), this run trains with the Megatron backend \(policy.megatron"
     with pytest.raises(ckpt.CheckpointMismatchError, match=expected) as torch_into_megatron:
-        resumable_checkpoint(torch_root, megatron, tau2_version="v0.2.1")
+        resumable_checkpoint(torch_root, megatron, played=V021)
     with pytest.raises(ckpt.CheckpointMismatchError, match="written by the Megatron backend") as megatron_into_torch:
-        resumable_checkpoint(megatron_root, TORCH_POLICY, tau2_version="v0.2.1")
+        resumable_checkpoint(megatron_root, TORCH_POLICY, played=V021)
     # a layout.json without the optimizer's format (written before it was recorded) holds dp_reshardable shards
     with pytest.raises(ckpt.CheckpointMismatchError, match="data_parallel_size=2 .*, this run has .*parallel_size=1"):
-        resumable_checkpoint(megatron_root, _policy(num_workers=1, megatron=True), tau2_version="v0.2.1")
+        resumable_checkpoint(megatron_root, _policy(num_workers=1, megatron=True), played=V021)
     padded_otherwise = _policy(num_workers=2, megatron=True, megatron_cfg_extra={"make_vocab_size_divisible_by": 64})
     with pytest.raises(ckpt.CheckpointMismatchError, match="make_vocab_size_divisible_by=128 .*, this run has .*=64"):
-        resumable_checkpoint(megatron_root, padded_otherwise, tau2_version="v0.2.1")  # its embedding has other rows
+        resumable_checkpoint(megatron_root, padded_otherwise, played=V021)  # its embedding has other rows
     assert "\n" not in str(torch_into_megatron.value) + str(megatron_into_torch.value)
 
 
@@ -223,15 +224,15 @@ def test_a_fully_reshardable_megatron_checkpoint_resumes_in_any_layout_a_dp_resh
     newest = _checkpoint(tmp_path / "reshardable", 2, megatron_layout=written)
     for other in (run(1), run(2, tensor_model_parallel_size=2), run(4, pipeline_model_parallel_size=2),
                   run(2, make_vocab_size_divisible_by=64)):  # fmt: skip
-        assert resumable_checkpoint(tmp_path / "reshardable", other, tau2_version="v0.2.1") == newest
+        assert resumable_checkpoint(tmp_path / "reshardable", other, played=V021) == newest
     replicated = run(2, optimizer={"use_distributed_optimizer": False})
     with pytest.raises(ckpt.CheckpointMismatchError, match="use_distributed_optimizer=true, this run has false"):
-        resumable_checkpoint(tmp_path / "reshardable", replicated, tau2_version="v0.2.1")
+        resumable_checkpoint(tmp_path / "reshardable", replicated, played=V021)
     own_shards = run(2, optimizer={"dist_ckpt_optim_fully_reshardable": False})
     _checkpoint(tmp_path / "own", 2, megatron_layout=megatron_layout(own_shards.megatron_cfg, 2))
-    assert resumable_checkpoint(tmp_path / "own", own_shards, tau2_version="v0.2.1") is not None
+    assert resumable_checkpoint(tmp_path / "own", own_shards, played=V021) is not None
     with pytest.raises(ckpt.CheckpointMismatchError, match=r"\(dp_reshardable\), this run has tensor_model") as e:
-        resumable_checkpoint(tmp_path / "own", run(2, tensor_model_parallel_size=2), tau2_version="v0.2.1")
+        resumable_checkpoint(tmp_path / "own", run(2, tensor_model_parallel_size=2), played=V021)
     assert "\n" not in str(e.value) and "dist_ckpt_optim_fully_reshardable=true" in str(e.value)
     model_space = megatron_layout(replicated.megatron_cfg, 2)
     _checkpoint(tmp_path / "replicated", 2, megatron_layout=model_space)

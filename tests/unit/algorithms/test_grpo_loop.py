@@ -317,6 +317,24 @@ SAMPLE_7_FAILS = [
 ]
 
 
+def _uncheckpointed_step_stopped(run: subprocess.Popen, checkpoints: Path, logs: Path) -> bool:
+    """Whether some step N >= 2 has episodes on disk, a checkpoint of step N - 1 and none of its own, with the run
+    stopped (SIGSTOP; continued again when the check fails once stopped)."""
+
+    def found() -> bool:
+        steps = [int(path.parent.name[5:]) for path in (logs / "train").glob("step_*/rollouts.jsonl")]
+        done = {int(path.name[5:]) for path in checkpoints.glob("step_*") if path.name[5:].isdigit()}
+        return any(step >= 2 and step - 1 in done and step not in done for step in steps)
+
+    if not found():
+        return False
+    os.killpg(run.pid, signal.SIGSTOP)
+    if found():
+        return True
+    os.killpg(run.pid, signal.SIGCONT)
+    return False
+
+
 def _check_step_files(logs: Path, metrics: dict[int, dict], save: str) -> int:
     """Each step's episode file holds exactly the episodes its logged metrics count (the attempt that trained:
     none twice, none lost), the failed ones with their cause; the number of failed episodes in them."""
@@ -358,13 +376,15 @@ def test_run_grpo_killed_mid_run_resumes_where_its_last_checkpoint_left_off(tiny
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
     deadline = time.monotonic() + 300
-    # killed once step 3 wrote episodes: the rerun repeats it, and its file must not keep the lost attempt's too
-    while not ((tmp_path / "checkpoints" / "step_2").is_dir() and (logs / "train/step_3/rollouts.jsonl").exists()):
+    # killed once a step wrote episodes and has no checkpoint, its previous step one (stopped first and checked again,
+    # so no checkpoint lands in between): the rerun repeats that step, whose file must not keep the lost attempt's too
+    while not _uncheckpointed_step_stopped(run, tmp_path / "checkpoints", logs):
         assert run.poll() is None, run.stdout.read()
-        assert time.monotonic() < deadline, "no step_2 checkpoint and step 3 episodes within 300 s"
+        assert time.monotonic() < deadline, "no step with episodes and no checkpoint after a checkpoint within 300 s"
         time.sleep(0.2)
     os.killpg(run.pid, signal.SIGKILL)
     run.wait()
+    lost = {int(path.parent.name[5:]): path.read_bytes() for path in (logs / "train").glob("step_*/rollouts.jsonl")}
 
     log = tmp_path / "rerun.log"  # as on a cluster or under nohup: output to a file
     started = time.monotonic()
@@ -390,6 +410,12 @@ def test_run_grpo_killed_mid_run_resumes_where_its_last_checkpoint_left_off(tiny
     assert logged[-(4 - resumed_at) :] == list(range(resumed_at + 1, 5))
     assert set(logged) == {1, 2, 3, 4}  # a step logged before the kill but not checkpointed is logged again
     final = {record["step"]: record for record in records}  # the last log of each step: the attempt that trained
+    superseded = {step: content for step, content in lost.items() if step > resumed_at}
+    assert superseded, (resumed_at, sorted(lost))  # the kill left a later step's file: the path below is taken
+    for step, content in superseded.items():  # moved aside whole, beside the rerun's own file
+        folder = logs / "train" / f"step_{step}"
+        assert sorted(path.name for path in folder.iterdir()) == ["rollouts.jsonl", "rollouts.jsonl.superseded-1"]
+        assert (folder / "rollouts.jsonl.superseded-1").read_bytes() == content
     failed = _check_step_files(logs, final, "all" if mode else "failed")
     rerun_steps = range(resumed_at + 1, 5)
     rerun_failed = sum(final[step]["train/rollout/num_infrastructure_errors"] for step in rerun_steps)

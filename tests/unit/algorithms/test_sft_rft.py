@@ -182,12 +182,16 @@ def test_an_interrupted_sft_run_resumes_to_the_same_weights(start, oracle_rows, 
     assert [h["train/loss"] for h in resumed_history] == [h["train/loss"] for h in whole_history[3:]]
     assert all(torch.equal(whole[name], resumed[name]) for name in whole)
     assert (tmp_path / "cut" / "checkpoints" / "final_hf" / "config.json").is_file()
-    # the checkpoint names the release its rows were of; a run of another release refuses it
+    # the checkpoint names the release its rows were of (and no retrieval variant: mock is no knowledge domain); a run
+    # of another release, or one playing a retrieval variant, refuses it
     latest = max((tmp_path / "cut" / "checkpoints").glob("step_*"), key=lambda path: int(path.name[5:]))
-    assert json.loads((latest / "trainer_state.json").read_text())["tau2_version"] == "v0.2.1"
-    training_setup.check_checkpoint_release(latest, "v0.2.1")
+    state = json.loads((latest / "trainer_state.json").read_text())
+    assert (state["tau2_version"], state["retrieval_variant"]) == ("v0.2.1", None)
+    training_setup.check_checkpoint_release(latest, {"tau2_version": "v0.2.1", "retrieval_variant": None})
     with pytest.raises(ValueError, match=r"was trained on tau2 v0.2.1, this run is tau2.version v1.0.1: resume"):
-        training_setup.check_checkpoint_release(latest, "v1.0.1")
+        training_setup.check_checkpoint_release(latest, {"tau2_version": "v1.0.1", "retrieval_variant": None})
+    with pytest.raises(ValueError, match=r"was trained with retrieval variant None, this run plays bm25_grep "):
+        training_setup.check_checkpoint_release(latest, {"tau2_version": "v0.2.1", "retrieval_variant": "bm25_grep"})
 
 
 def test_two_rft_rounds_raise_pass_at_1_on_the_train_tasks(start, tmp_path):

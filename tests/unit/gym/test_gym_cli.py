@@ -17,13 +17,19 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
 from nemo_tau2.gym.launch import free_port
+from nemo_tau2.tau2_release.client import Tau2Worker
+from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
 from nemo_tau2.testing import start_fake_server
+from nemo_tau2.testing.release_tasks import write_release_tasks
+from tests.tau2_v1_env import tau2_v1_python
 from tests.unit.gym.cli_shell import clean_copy, shell_path, uv_cache_dir
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -40,8 +46,11 @@ if ENVIRONMENT_SERVERS:
     CONFIGS.append("responses_api_agents/tau2_agent/configs/environment_server.yaml")
 STRICT = ["+error_on_agent_without_environment_server=true"] if ENVIRONMENT_SERVERS else []
 NG_RUN = [str(BIN / "ng_run"), *(arg for path in CONFIGS for arg in ("--config", path))]
+# banking_knowledge's config in tau2.yaml's place (the same server names), its resources server on tau2 v1.0.1
+BANKING_NG_RUN = [arg.replace("tau2.yaml", "tau2_banking.yaml") for arg in NG_RUN]
 GYM_ENV_START = [str(BIN / "gym"), "env", "start", *NG_RUN[1:]]  # the same servers through NeMo-Gym's newer CLI
 START_TIMEOUT_S = 600
+BANKING = "banking_knowledge"
 
 
 def _cli_environment() -> dict[str, str]:
@@ -92,7 +101,10 @@ def gym_copy(tmp_path_factory):
     """A clean copy with an ``env.yaml`` pointing both endpoints at a scripted fake server."""
     copy = clean_copy(tmp_path_factory.mktemp("clone"))
     uv_cache = uv_cache_dir()
-    with start_fake_server(mode="subprocess") as fake:
+    with Tau2Worker(Tau2ReleaseConfig(version="v1.0.1", python=tau2_v1_python())) as worker:  # the oracle's tasks
+        tasks = {BANKING: worker.request("tasks", domain=BANKING, split=None)}
+    release_tasks = write_release_tasks(tmp_path_factory.mktemp("tasks") / "banking.json", tasks)
+    with start_fake_server(mode="subprocess", tau2={"release_tasks": str(release_tasks)}) as fake:
         (copy / "env.yaml").write_text(
             f"policy_base_url: {fake.base_url}\npolicy_api_key: EMPTY\npolicy_model_name: fake-model\n"
             f"user_base_url: {fake.base_url}\nuser_api_key: EMPTY\nuser_model_name: fake-model\n"
@@ -133,15 +145,35 @@ def test_gym_validates_our_configs_and_names_a_missing_user_model():
     )
 
 
-def test_ng_run_with_default_venvs_then_collect_rollouts_and_gym_eval_run(gym_copy):
-    log = gym_copy / "ng_run.log"
-    ng_run = _start_servers(NG_RUN, gym_copy, log, *STRICT)
+@contextmanager
+def _serving(command: list[str], copy: Path, log: Path, *overrides: str) -> Iterator[None]:
+    """``command`` (``ng_run``) until its servers are ready; on exit a SIGTERM, as kill or a job scheduler stops it
+    (Ctrl-C, SIGINT, left none either), and every process of its session gone, Ray's agents from ng_run's
+    ray.init() too (after a SIGTERM they outlived ng_run by ~65 s before our servers left a reaper for them)."""
+    ng_run = _start_servers(command, copy, log, *overrides)
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         while "servers ready!" not in log.read_text(errors="replace"):
             assert ng_run.poll() is None, log.read_text(errors="replace")[-4000:]
             assert time.monotonic() < deadline, f"ng_run not up in {START_TIMEOUT_S} s"
             time.sleep(1)
+        yield
+    finally:
+        if ng_run.poll() is None:
+            os.kill(ng_run.pid, signal.SIGTERM)
+        try:
+            ng_run.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(ng_run.pid, signal.SIGKILL)
+    left = _wait_for_no_process(ng_run.pid, 30)
+    if left:
+        os.killpg(ng_run.pid, signal.SIGKILL)
+    assert left == []
+
+
+def test_ng_run_with_default_venvs_then_collect_rollouts_and_gym_eval_run(gym_copy):
+    log = gym_copy / "ng_run.log"
+    with _serving(NG_RUN, gym_copy, log, *STRICT):
         for server in ("resources_servers/tau2", "responses_api_agents/tau2_agent"):
             assert (gym_copy / server / ".venv" / "bin" / "python").exists()  # NeMo-Gym built its own venv
         started = log.read_text(errors="replace")
@@ -174,19 +206,27 @@ def test_ng_run_with_default_venvs_then_collect_rollouts_and_gym_eval_run(gym_co
             "2",
         )
         assert _rewards(gym_copy / "results/eval.jsonl") == [1.0, 1.0]
-    finally:
-        if ng_run.poll() is None:  # as kill or a job scheduler stops it (Ctrl-C, SIGINT, left none either)
-            os.kill(ng_run.pid, signal.SIGTERM)
-        try:
-            ng_run.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(ng_run.pid, signal.SIGKILL)
-    # every process the session started, Ray's agents from ng_run's ray.init() too (after a SIGTERM they outlived
-    # ng_run by ~65 s before our servers left a reaper for them)
-    left = _wait_for_no_process(ng_run.pid, 30)
-    if left:
-        os.killpg(ng_run.pid, signal.SIGKILL)
-    assert left == []
+
+
+def test_ng_run_serves_banking_knowledge_from_its_config(gym_copy):
+    """resources_servers/tau2/configs/tau2_banking.yaml as its comment types it (tau2 v1.0.1's interpreter given on
+    the command line), the venvs the test above built: the oracle's rollouts of the example rows score 1.0, each with
+    what it retrieved and unlocked."""
+    python = f"++tau2_resources_server.resources_servers.tau2.tau2.python={tau2_v1_python()}"
+    with _serving(BANKING_NG_RUN, gym_copy, gym_copy / "ng_run_banking.log", *STRICT, python):
+        (gym_copy / "results").mkdir(exist_ok=True)
+        output = _run_cli(
+            gym_copy,
+            str(BIN / "ng_collect_rollouts"),
+            "+agent_name=tau2_agent",
+            "+input_jsonl_fpath=resources_servers/tau2/data/example_banking.jsonl",
+            "+output_jsonl_fpath=results/banking.jsonl",
+        )
+    assert '"mean/reward": 1.0' in output
+    rollouts = [json.loads(line) for line in (gym_copy / "results/banking.jsonl").read_text().splitlines()]
+    assert [r["reward"] for r in rollouts] == [1.0, 1.0, 1.0]
+    assert {r["retrieval_variant"] for r in rollouts} == {"bm25_grep"}
+    assert all(r["retrieval"]["unlock_recall"] in (1.0, None) and r["retrieval"]["searches"] == [] for r in rollouts)
 
 
 def test_a_failed_start_leaves_no_process_behind(gym_copy):

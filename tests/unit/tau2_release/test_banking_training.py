@@ -3,6 +3,8 @@ not have, in one line naming both ways out (a split of ours, or an explicit list
 (``ours_seed<N>_train``/``_test``) is disjoint, covers the domain, is the same on every call and differs by seed;
 GRPO's rows of it come from the release (the variant's prompt and tools), each saying its split and variant."""
 
+import json
+
 import pytest
 
 from nemo_tau2.algorithms import grpo
@@ -12,6 +14,7 @@ from nemo_tau2.algorithms.sft_config import SFTMasterConfig
 from nemo_tau2.config import ConfigError, apply_overrides, load_config, validate_config
 from nemo_tau2.tau2_env import domains
 from nemo_tau2.tau2_env.own_splits import own_split_ids
+from nemo_tau2.testing.warm_start import build_tiny_policy
 from tests.tau2_v1_env import tau2_v1_python
 
 DOMAIN = "banking_knowledge"
@@ -64,3 +67,41 @@ def test_grpo_rows_of_a_split_of_ours_come_from_the_release_and_say_their_split(
     assert [row["task_id"] for row in val_rows] == own_split_ids(DOMAIN, ids, "ours_seed0_test")
     listed = _config("grpo", "data.train_split=base", "data.val_split=null", "data.task_ids=[task_001,task_004]")
     assert [row["task_id"] for row in grpo.load_rows(listed)[0]] == ["task_001", "task_004"]
+
+
+def test_one_grpo_step_on_banking_trains_on_its_episodes_and_its_checkpoint_names_the_variant(release_tasks, tmp_path):
+    """The tiny policy (warm-started on mock, cached) plays two banking tasks twice each through the Gym servers
+    (compact rows), the scripted user the release's scenarios; the step trains on the episodes that have tokens,
+    records all four with their variant, and its checkpoint says the release and variant it trained on: a run of
+    another variant refuses to resume from it. A step with no episode to train on updates nothing."""
+    smoke = validate_config(load_config(CONFIGS["grpo"][0]), GRPOMasterConfig)
+    policy = build_tiny_policy(smoke.tiny_policy, grpo.load_rows(smoke)[0], tmp_path / "policy")
+    overrides = [
+        f"policy.model_name={policy}", "data.train_split=base", "data.val_split=null",
+        "data.task_ids=[task_001,task_005]", "grpo.max_num_steps=1",
+        "grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=2", "grpo.val_at_end=false",
+        "grpo.val_period=0", "policy.train_global_batch_size=4",
+        "policy.train_micro_batch_size=2", f"++user.generation.fake_cfg.tau2.release_tasks={release_tasks}",
+        f"logger.log_dir={tmp_path / 'logs'}", f"checkpointing.checkpoint_dir={tmp_path / 'checkpoints'}",
+        "logger.tensorboard_enabled=false", "+logger.save_rollouts=all", "+logger.report=false",
+    ]  # fmt: skip
+    cfg = _config("grpo", *overrides)
+    train_rows, val_rows = grpo.load_rows(cfg)
+    s = grpo.setup(cfg, train_rows, val_rows)
+    try:
+        (step,) = grpo.grpo_train(s)
+    finally:
+        s.close()
+    assert step["train/rollout/num_episodes"] == 4 and step["train/rollout/num_infrastructure_errors"] == 0, step
+    # task_005's prompt (its tools) is beyond the tiny policy's 2048 positions: its generations end at the first turn
+    # with no token, and the step trains on task_001's two episodes
+    assert step["train/num_sequences"] == 2 and step["train/num_untrainable_episodes"] == 2, step
+    records = [json.loads(line) for line in (tmp_path / "logs/train/step_1/rollouts.jsonl").read_text().splitlines()]
+    assert sorted(r["task_id"] for r in records) == ["task_001", "task_001", "task_005", "task_005"]
+    assert all(r["retrieval_variant"] == "bm25_grep" and isinstance(r["retrieval"], dict) for r in records)
+    state = json.loads((tmp_path / "checkpoints/step_1/trainer_state.json").read_text())
+    assert (state["tau2_version"], state["retrieval_variant"]) == ("v1.0.1", "bm25_grep")
+    other = _config("grpo", *overrides, "++tau2.retrieval_variant=grep_only")
+    with pytest.raises(ValueError, match=r"was trained with retrieval variant bm25_grep, this run plays grep_only "):
+        grpo.setup(other, *grpo.load_rows(other))
+    assert grpo.train(s, [], 1) == {}  # every generation cut at its first turn: no update, a warning
