@@ -48,7 +48,7 @@ def _main() -> int:
     from nemo_tau2.algorithms.grpo_config import GRPOMasterConfig
 
     args, raw, cfg = training_cli.read_config(sys.argv[1:], GRPOMasterConfig)
-    from nemo_tau2.algorithms import grpo
+    from nemo_tau2.algorithms import grpo, training_setup
     from nemo_tau2.evals.progress_display import StepProgress
     from nemo_tau2.testing.warm_start import build_tiny_policy
 
@@ -58,11 +58,14 @@ def _main() -> int:
         f", checkpoints in {Path(cfg.checkpointing.checkpoint_dir).resolve()}" if cfg.checkpointing.enabled else ""
     )
     print(f"results: metrics in {Path(cfg.logger.log_dir).resolve()}{checkpoints}", file=sys.stderr)
+    try:
+        train_rows, val_rows = grpo.load_rows(cfg)
+    except ValueError as e:  # each names its key and the fix (an unknown split, domain or task, a rows file)
+        raise Stop(2, f"error: {e}") from None
     if cfg.checkpointing.enabled:
-        with training_cli.starting():  # a checkpoint of another backend or release: one line, exit 2
-            latest = grpo.resumable_checkpoint(
-                cfg.checkpointing.checkpoint_dir, cfg.policy, tau2_version=cfg.tau2.version
-            )
+        with training_cli.starting():  # a checkpoint of another backend, release or variant: one line, exit 2
+            played = training_setup.trained_on(cfg, train_rows + val_rows)  # the release and retrieval variant
+            latest = grpo.resumable_checkpoint(cfg.checkpointing.checkpoint_dir, cfg.policy, played=played)
         done = grpo.checkpoint_step(latest) if latest is not None else 0
         if done >= cfg.grpo.max_num_steps:
             print(
@@ -71,10 +74,6 @@ def _main() -> int:
                 file=sys.stderr,
             )
             return 0
-    try:
-        train_rows, val_rows = grpo.load_rows(cfg)
-    except ValueError as e:  # each names its key and the fix (an unknown split, domain or task, a rows file)
-        raise Stop(2, f"error: {e}") from None
     if cfg.tiny_policy is not None and not Path(cfg.policy.model_name).exists():
         print(f"building the warm-started tiny policy into {cfg.policy.model_name} ...", file=sys.stderr)
         build_tiny_policy(cfg.tiny_policy, train_rows, cfg.policy.model_name)

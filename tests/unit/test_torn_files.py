@@ -241,7 +241,7 @@ def test_a_fully_reshardable_megatron_checkpoint_resumes_in_any_layout_a_dp_resh
         resumable_checkpoint(
             tmp_path / "replicated",
             run(2, tensor_model_parallel_size=2, optimizer={"use_distributed_optimizer": False}),
-            tau2_version="v0.2.1",
+            played=V021,
         )
         is not None
     )

@@ -398,7 +398,7 @@ def test_run_grpo_killed_mid_run_resumes_where_its_last_checkpoint_left_off(tiny
     assert closing, progress_lines[-1]
     assert len(progress_lines) <= elapsed / 30 + 2  # a plain line at most every 30 s
     resumed_at = int(text.split("resuming: ")[1].split()[0])
-    assert resumed_at >= 2
+    assert resumed_at >= 1  # the checkpoint before the step the kill caught
     assert (tmp_path / "checkpoints" / "step_4").is_dir()
     assert f"report: {tmp_path / 'logs' / 'report.html'}" in text  # logger.report is on by default
     report = (tmp_path / "logs" / "report.html").read_text()
