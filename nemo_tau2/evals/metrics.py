@@ -103,10 +103,9 @@ class EpisodeRecord:
     num_turns: int | None = None
     total_tokens: int | None = None
     token_contiguity_breaks: int | None = None  # turns that broke it (a rollouts.jsonl line lists them; None: unknown)
-    # a knowledge domain's (the record's ``retrieval``): the share of the task's required documents its searches
-    # showed, and of the gold discoverable tools it unlocked; None elsewhere, or when the task names none
-    document_recall: float | None = None
-    unlock_recall: float | None = None
+    # a knowledge domain's searches, documents found and tools unlocked against gold (None elsewhere, and in records
+    # written before it was recorded): its document_recall and unlock_recall are averaged
+    retrieval: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         where = f"episode of task {self.domain}/{self.task_id}"
@@ -128,23 +127,23 @@ class EpisodeRecord:
     def from_dict(cls, row: Mapping[str, Any]) -> "EpisodeRecord":
         """Build a record from a ``rollouts.jsonl`` line (a ``RolloutResult``'s fields, same names; extra keys are
         ignored, a missing field is an error: no defaults stand in for it)."""
-        missing = [name for name in _RECORD_FIELDS if name not in row]
+        missing = [name for name in _RECORD_FIELDS if name not in row and name not in _OPTIONAL_FIELDS]
         if missing:
             raise ValueError(f"episode row is missing {missing}: {dict(row)!r}")
         breaks = row["token_contiguity_breaks"]
         if isinstance(breaks, list):  # a rollouts.jsonl line: None when nothing was checked (no token ids asked)
             breaks = len(breaks) if breaks or row.get("trainable_turns", 1) > 0 else None
         return cls(
-            **{name: row[name] for name in _RECORD_FIELDS}
+            **{name: row.get(name) for name in _RECORD_FIELDS}
             | {"domain": str(row["domain"])}
             | {"task_id": str(row["task_id"])}
             | {"token_contiguity_breaks": breaks}
-            | {name: (row.get("retrieval") or {}).get(name) for name in _RETRIEVAL_FIELDS}
         )
 
 
-_RETRIEVAL_FIELDS = ("document_recall", "unlock_recall")  # inside ``retrieval``, absent where nothing is retrieved
-_RECORD_FIELDS = tuple(f.name for f in fields(EpisodeRecord) if f.name not in _RETRIEVAL_FIELDS)
+_RECORD_FIELDS = tuple(f.name for f in fields(EpisodeRecord))
+_OPTIONAL_FIELDS = ("retrieval",)  # absent from records written before it was recorded
+_RETRIEVAL_MEANS = ("document_recall", "unlock_recall")  # of ``retrieval``, averaged where not None
 
 
 @dataclass
@@ -247,8 +246,12 @@ def _count_summary(prefix: str, records: list[EpisodeRecord], tasks: list[TaskRe
         out[f"{prefix}/num_tasks_excluded@{k}"] = sum(t.num_episodes < k for t in tasks)
     for reason, count in sorted(Counter(r.termination_reason or "unknown" for r in valid).items()):
         out[f"{prefix}/termination/{reason}"] = count
-    for name in ("num_turns", "total_tokens", *_RETRIEVAL_FIELDS):
+    for name in ("num_turns", "total_tokens"):
         known = [getattr(r, name) for r in valid if getattr(r, name) is not None]
+        if known:
+            out[f"{prefix}/mean_{name}"] = float(np.mean(known))
+    for name in _RETRIEVAL_MEANS:
+        known = [r.retrieval[name] for r in valid if r.retrieval and r.retrieval.get(name) is not None]
         if known:
             out[f"{prefix}/mean_{name}"] = float(np.mean(known))
     # episodes whose token ids stop being the sequence the model saw at some turn: training gets only the turns before

@@ -230,7 +230,8 @@ def test_an_eval_on_the_cluster_survives_a_gym_node_lost_mid_run(cluster, tmp_pa
         sys.executable, str(ROOT / "examples" / "run_eval.py"), "--config", str(EVAL_FAKE),
         f"eval.save_path={save}", "data.domains=[airline]", "data.num_tasks=8", "eval.num_tests_per_prompt=2",
         "eval.k_values=[1,2]", "eval.bootstrap_samples=0", "eval.max_concurrency=4",
-        "policy.generation.fake_cfg={latency_ms: 100}",  # episodes long enough to be cut
+        # episodes long enough to be cut: at 100 ms a loaded box once finished all 16 (3 s) before the removal took
+        "policy.generation.fake_cfg={latency_ms: 300}",
         f"cluster.ray_address={ray_cluster.address}", "cluster.generation_placement=ray",
         f"cluster.generation_node_resource={GPU}", "cluster.generation_replicas=2",
         "cluster.gym_placement=ray", f"cluster.gym_node_resource={GYM}",

@@ -101,10 +101,12 @@ def gym_copy(tmp_path_factory):
     """A clean copy with an ``env.yaml`` pointing both endpoints at a scripted fake server."""
     copy = clean_copy(tmp_path_factory.mktemp("clone"))
     uv_cache = uv_cache_dir()
-    with Tau2Worker(Tau2ReleaseConfig(version="v1.0.1", python=tau2_v1_python())) as worker:  # the oracle's tasks
-        tasks = {BANKING: worker.request("tasks", domain=BANKING, split=None)}
-    release_tasks = write_release_tasks(tmp_path_factory.mktemp("tasks") / "banking.json", tasks)
-    with start_fake_server(mode="subprocess", tau2={"release_tasks": str(release_tasks)}) as fake:
+    scripts = {}
+    if ENVIRONMENT_SERVERS:  # the banking test's oracle plays the release's tasks
+        with Tau2Worker(Tau2ReleaseConfig(version="v1.0.1", python=tau2_v1_python())) as worker:
+            tasks = {BANKING: worker.request("tasks", domain=BANKING, split=None)}
+        scripts = {"release_tasks": str(write_release_tasks(tmp_path_factory.mktemp("tasks") / "banking.json", tasks))}
+    with start_fake_server(mode="subprocess", tau2=scripts) as fake:
         (copy / "env.yaml").write_text(
             f"policy_base_url: {fake.base_url}\npolicy_api_key: EMPTY\npolicy_model_name: fake-model\n"
             f"user_base_url: {fake.base_url}\nuser_api_key: EMPTY\nuser_model_name: fake-model\n"
@@ -208,6 +210,11 @@ def test_ng_run_with_default_venvs_then_collect_rollouts_and_gym_eval_run(gym_co
         assert _rewards(gym_copy / "results/eval.jsonl") == [1.0, 1.0]
 
 
+@pytest.mark.skipif(
+    not ENVIRONMENT_SERVERS,
+    reason="runs in NeMo-Gym 0.7.0's environment (test_nemo_gym_0_7.py), the release NeMo-Gym users have: one ng_run "
+    "of banking is enough for CI's time (on 0.4.0 it passed too, 2026-11-29)",
+)
 def test_ng_run_serves_banking_knowledge_from_its_config(gym_copy):
     """resources_servers/tau2/configs/tau2_banking.yaml as its comment types it (tau2 v1.0.1's interpreter given on
     the command line), the venvs the test above built: the oracle's rollouts of the example rows score 1.0, each with
