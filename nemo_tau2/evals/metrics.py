@@ -246,12 +246,10 @@ def _count_summary(prefix: str, records: list[EpisodeRecord], tasks: list[TaskRe
         out[f"{prefix}/num_tasks_excluded@{k}"] = sum(t.num_episodes < k for t in tasks)
     for reason, count in sorted(Counter(r.termination_reason or "unknown" for r in valid).items()):
         out[f"{prefix}/termination/{reason}"] = count
-    for name in ("num_turns", "total_tokens"):
-        known = [getattr(r, name) for r in valid if getattr(r, name) is not None]
-        if known:
-            out[f"{prefix}/mean_{name}"] = float(np.mean(known))
-    for name in _RETRIEVAL_MEANS:
-        known = [r.retrieval[name] for r in valid if r.retrieval and r.retrieval.get(name) is not None]
+    values = {name: [getattr(r, name) for r in valid] for name in ("num_turns", "total_tokens")}
+    values |= {name: [(r.retrieval or {}).get(name) for r in valid] for name in _RETRIEVAL_MEANS}
+    for name, found in values.items():
+        known = [value for value in found if value is not None]
         if known:
             out[f"{prefix}/mean_{name}"] = float(np.mean(known))
     # episodes whose token ids stop being the sequence the model saw at some turn: training gets only the turns before
