@@ -106,9 +106,14 @@ class ClusterConfig(BaseModel):
         '--labels=\'{"rack": "r1"}\'); an agent uses the resources replicas of its own domain. null: its node.',
     )
 
+    @property
+    def gym_detection_s(self) -> float:
+        """The longest the watcher takes to declare a silent Gym server lost: its probes failed in a row."""
+        return self.gym_health_failures * (self.gym_health_interval_s + self.gym_health_timeout_s)
+
     @model_validator(mode="after")
     def _probes_fit_the_interval_bound(self) -> "ClusterConfig":
-        detection = self.gym_health_failures * (self.gym_health_interval_s + self.gym_health_timeout_s)
+        detection = self.gym_detection_s
         if detection > 300:
             raise ValueError(
                 f"gym_health_failures x (gym_health_interval_s + gym_health_timeout_s) = {detection:g} s: a silent "

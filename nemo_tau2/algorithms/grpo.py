@@ -39,7 +39,7 @@ from nemo_tau2.algorithms.curriculum import TaskCurriculum, record_successes
 from nemo_tau2.algorithms.grpo_config import GRPOMasterConfig
 from nemo_tau2.algorithms.loss import ClippedPGLossFn
 from nemo_tau2.algorithms.sampling import DynamicSampler, EpisodeGroup, flatten_groups, score_rollouts
-from nemo_tau2.algorithms.train_rollouts import TrainRolloutLog, describe_causes, failure_causes
+from nemo_tau2.algorithms.train_rollouts import TrainRolloutLog, failure_causes
 from nemo_tau2.algorithms.training_setup import (  # noqa: F401  (resumable_checkpoint, checkpoint_step: this module's API)
     checkpoint_step,
     resumable_checkpoint,
@@ -49,6 +49,7 @@ from nemo_tau2.algorithms.training_setup import (  # noqa: F401  (resumable_chec
     validation_dir,
     validation_metrics,
 )
+from nemo_tau2.evals.results import describe_causes
 from nemo_tau2.experience.progress import RolloutProgress
 from nemo_tau2.experience.rollouts import RolloutResult, SamplingParams, rollout_metrics, run_async_nemo_gym_rollout
 from nemo_tau2.generation.launch import GenerationHandle

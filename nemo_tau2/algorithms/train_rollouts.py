@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
-from nemo_tau2.evals.results import ROLLOUTS_FILE, RolloutLog, record_of
+from nemo_tau2.evals.results import ROLLOUTS_FILE, RolloutLog, infrastructure_causes, record_of
 from nemo_tau2.experience.rollouts import RolloutResult
 
 logger = logging.getLogger(__name__)
@@ -112,36 +112,7 @@ class TrainRolloutLog:
 
 # ================================================================================================ causes
 
-_NORMALISE = [
-    (re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s'\"),\]]+", re.I), "<url>"),  # http://10.0.0.3:41235/run
-    (re.compile(r"\('?[\w.:-]+'?, \d{2,5}\)"), "<address>"),  # ('10.0.0.3', 41235)
-    (re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}(?::\d{1,5})?\b"), "<host>"),  # 10.0.0.3:41235
-    (re.compile(r"\b(?:localhost|[\w-]+(?:\.[\w-]+)+):\d{2,5}\b"), "<host>"),  # node-3.cluster:41235
-    (re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", re.I), "<id>"),
-    (re.compile(r"\b(?=[0-9a-f]*\d)[0-9a-f]{8,}\b", re.I), "<id>"),  # episode and node ids
-    (re.compile(r"\b(pid|port|episode|session|conversation)[ =:]+[^\s,;)\]]+", re.I), r"\1 <id>"),
-]
-MAX_CAUSE_CHARS = 200
-
-
-def normalised_cause(error: str | None) -> str:
-    """An infrastructure error with what differs between episodes of one failure (addresses, ports, ids) replaced,
-    so that counting the forms counts the failures: ``"agent /run HTTP 502: tool call create_task failed after 4
-    attempts: ClientConnectorError: Cannot connect to host <host> ..."``."""
-    text = " ".join((error or "no cause reported").split())
-    for pattern, replacement in _NORMALISE:
-        text = pattern.sub(replacement, text)
-    return text if len(text) <= MAX_CAUSE_CHARS else text[: MAX_CAUSE_CHARS - 3] + "..."
-
 
 def failure_causes(results: Iterable[RolloutResult]) -> Counter[str]:
-    """How many of the episodes failed with each (normalised) cause."""
-    return Counter(normalised_cause(result.error) for result in results if not result.ok)
-
-
-def describe_causes(causes: Counter[str], top: int = 3) -> str:
-    """``"8x HTTP 503: ...; 4x HTTP 502: ...; 1 more cause(s)"``: the most frequent first."""
-    shown = [f"{count}x {cause}" for cause, count in causes.most_common(top)]
-    if len(causes) > top:
-        shown.append(f"{len(causes) - top} more cause(s)")
-    return "; ".join(shown)
+    """How many of the episodes failed with each cause (see :func:`~nemo_tau2.evals.results.infrastructure_causes`)."""
+    return infrastructure_causes({"status": r.status, "cause": r.cause, "error": r.error} for r in results)

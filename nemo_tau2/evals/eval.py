@@ -12,6 +12,7 @@ readable table.
 import asyncio
 import logging
 import re
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -28,7 +29,9 @@ from nemo_tau2.evals.results import (
     CONFIG_FILE,
     SUMMARY_FILE,
     RolloutLog,
+    describe_causes,
     episode_key,
+    infrastructure_causes,
     record_of,
     write_evaluation_data,
     write_json_atomic,
@@ -148,6 +151,8 @@ def summarize(cfg: EvalMasterConfig, raw: DictConfig, log: RolloutLog) -> dict[s
         "num_tests_per_prompt": cfg.eval.num_tests_per_prompt,
         "k_values": cfg.eval.k_values,
         "metrics": metrics,
+        # the episodes left without an outcome, counted by cause (the latest attempt of each; a rerun retries them)
+        "infrastructure_causes": dict(infrastructure_causes(log.latest().values()).most_common()),
     }
 
 
@@ -265,6 +270,8 @@ def run_eval(cfg: EvalMasterConfig, raw: DictConfig) -> tuple[dict[str, Any], st
     write_json_atomic(save_dir / SUMMARY_FILE, summary)
     log_metrics(cfg, summary["metrics"])
     table = format_summary_table(summary["metrics"], show_ci=cfg.eval.bootstrap_samples > 0)
+    if causes := summary["infrastructure_causes"]:
+        table += f"\ninfrastructure errors (no outcome; a rerun retries them): {describe_causes(Counter(causes))}"
     return summary, f"{headline(cfg, summary['metrics'])}\n{run_line(cfg, raw)}\n\n{table}"
 
 

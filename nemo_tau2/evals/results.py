@@ -8,6 +8,7 @@ aside on open, so its episode is rerun. ``summary.json`` and ``config.json`` are
 """
 
 import logging
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict
 from pathlib import Path
@@ -152,3 +153,26 @@ def _with_the_cut_marked(transcript: list[dict[str, Any]], first_break_turn: int
             turn += 1
         marked.append(item)
     return marked
+
+
+MAX_CAUSE_CHARS = 200
+
+
+def infrastructure_causes(records: Iterable[dict[str, Any]]) -> Counter[str]:
+    """How many of the failed episodes failed with each cause: a record's ``cause`` (its error without where it
+    happened, written apart by the server that failed), so that one failure over many episodes, replicas or nodes
+    counts once; a record without one (written before causes were recorded) by its error as it stands."""
+    return Counter(r.get("cause") or r.get("error") or "no cause reported" for r in records if r["status"] != OK)
+
+
+def describe_causes(causes: Counter[str], top: int = 3) -> str:
+    """``"8x HTTP 503: ...; 4x HTTP 502: ...; 1 more cause(s)"``: the most frequent first, each cut at
+    ``MAX_CAUSE_CHARS``."""
+    shown = [f"{count}x {_shortened(cause)}" for cause, count in causes.most_common(top)]
+    if len(causes) > top:
+        shown.append(f"{len(causes) - top} more cause(s)")
+    return "; ".join(shown)
+
+
+def _shortened(cause: str) -> str:
+    return cause if len(cause) <= MAX_CAUSE_CHARS else cause[: MAX_CAUSE_CHARS - 3] + "..."

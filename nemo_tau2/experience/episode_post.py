@@ -17,10 +17,19 @@ from typing import Any
 import aiohttp
 import orjson
 
+from nemo_tau2.gym.http_client import exception_cause
 from nemo_tau2.gym.model_server.routing import NoLiveReplica, ReplicaRouter
-from nemo_tau2.gym.replica_health import ReplicaHealth
+from nemo_tau2.gym.replica_health import ReplicaHealth, ServerLoss
 
 HEALTH_POLL_S = 0.5
+
+
+DROPPED = "the episode was dropped"
+
+
+def _failed(cause: str, where: str) -> tuple[int, dict[str, str]]:
+    """No answer: status 0, the error with where it happened, and its cause without."""
+    return 0, {"error": f"{cause} ({where})", "cause": cause}
 
 
 async def _answer(http: aiohttp.ClientSession, url: str, data: bytes) -> tuple[int, Any]:
@@ -30,45 +39,67 @@ async def _answer(http: aiohttp.ClientSession, url: str, data: bytes) -> tuple[i
             return response.status, orjson.loads(raw)
         except orjson.JSONDecodeError:  # a proxy's page, or an answer cut short
             shown = raw[:200].decode(errors="replace") or "an empty body"
-            return response.status, {"error": f"an answer that is not JSON: {shown!r} ({url})"}
+            return response.status, {"error": f"an answer that is not JSON: {shown!r} ({url})",
+                                     "cause": f"an answer that is not JSON: {shown!r}"}  # fmt: skip
 
 
-async def _declared_lost(health: ReplicaHealth | None, url: str) -> str:
+async def _declared_lost(health: ReplicaHealth | None, url: str) -> ServerLoss:
     """Wait until ``url`` is declared lost; its cause (never returns without a health registry)."""
     while True:
-        cause = health.cause(url) if health is not None else None
-        if cause is not None:
-            return cause
+        loss = health.cause(url) if health is not None else None
+        if loss is not None:
+            return loss
         await asyncio.sleep(HEALTH_POLL_S)
+
+
+def _lost_mid_episode(url: str, loss: ServerLoss) -> tuple[int, dict[str, str]]:
+    return _failed(f"the agent replica was declared lost mid-episode: {loss.cause}; {DROPPED}", f"{url}; {loss.where}")
+
+
+async def _loss_behind(health: ReplicaHealth | None, url: str) -> ServerLoss | None:
+    """A replica that went away (its server answered that it is stopping, or dropped the connection) is being lost
+    with its node, most likely: the watcher's verdict, if it comes within its detection time, says how."""
+    if health is None or health.detection_s <= 0:
+        return None
+    try:
+        return await asyncio.wait_for(_declared_lost(health, url), timeout=health.detection_s + HEALTH_POLL_S)
+    except TimeoutError:
+        return None
 
 
 async def post_episode(
     http: aiohttp.ClientSession, router: ReplicaRouter, key: str, data: bytes, timeout_s: float
 ) -> tuple[int, Any]:
-    """POST one episode's row to an agent replica: ``(status, body)``, status 0 when no answer came.
+    """POST one episode's row to an agent replica: ``(status, body)``, status 0 when no answer came; a failure's
+    body has ``error`` (with where) and ``cause`` (without).
 
     A replica that refuses the connection never got the request: it is set aside and the next one is tried. One
-    that drops the connection mid-episode (lost with its node) is set aside too, and the episode is an
-    infrastructure error: it cannot be resumed elsewhere. So is one the watcher declares lost, and one past
-    ``timeout_s`` (the whole episode's, every try included)."""
-    refused: dict[str, str] = {}
+    that drops the connection mid-episode, or answers that it is stopping (lost with its node), is set aside too,
+    and the episode is an infrastructure error naming the loss once the watcher declares it (it cannot be resumed
+    elsewhere). So is one the watcher declares lost, and one past ``timeout_s`` (the whole episode's, every try
+    included)."""
+    refused: tuple[int, Any] = (0, {})
     deadline = time.monotonic() + timeout_s
     for _ in router.urls:  # each replica at most once
         try:
             with router.call(key) as url:
-                answer = await _bounded(http, router, url, data, deadline, timeout_s)
+                status, answer = await _bounded(http, router, url, data, deadline, timeout_s)
         except NoLiveReplica as e:
-            return 0, {"error": f"no agent replica left: {e}"}
+            return 0, {"error": f"no agent replica left: {e}", "cause": f"no agent replica left: {e.cause}; {DROPPED}"}
         except aiohttp.ClientConnectorError as e:  # never reached the replica: safe to send elsewhere
             router.unreachable(url)
-            refused = {"error": f"{type(e).__name__}: {e}"}
+            refused = _failed(exception_cause(e), url)
             continue
         except (aiohttp.ClientError, TimeoutError) as e:
-            if isinstance(e, aiohttp.ClientConnectionError):
-                router.unreachable(url)
-            return 0, {"error": f"{type(e).__name__}: {e} ({url})"}
-        return answer
-    return 0, refused
+            if not isinstance(e, aiohttp.ClientConnectionError):
+                return _failed(exception_cause(e), url)
+            router.unreachable(url)
+            loss = await _loss_behind(router.health, url)
+            return _lost_mid_episode(url, loss) if loss else _failed(exception_cause(e), url)
+        if status == 503 and (loss := await _loss_behind(router.health, url)) is not None:
+            return _lost_mid_episode(url, loss)
+        return status, answer
+    return refused
 
 
 async def _bounded(
@@ -87,8 +118,9 @@ async def _bounded(
     if request in done:
         return request.result()
     if lost in done:
-        return 0, {"error": f"the agent replica {url} was declared lost mid-episode: {lost.result()}"}
-    return 0, {
-        "error": f"the episode passed its wall-clock limit of {timeout_s:g} s on {url} "
-        "(env.nemo_gym.episode_timeout_s, by default max turns x env.nemo_gym.turn_timeout_s)"
-    }
+        return _lost_mid_episode(url, lost.result())
+    return _failed(
+        f"the episode passed its wall-clock limit of {timeout_s:g} s (env.nemo_gym.episode_timeout_s, by default max "
+        f"turns x env.nemo_gym.turn_timeout_s); {DROPPED}",
+        url,
+    )

@@ -91,6 +91,7 @@ class RolloutResult:
     termination_reason: str | None = None
     truncated_by: str | None = None
     error: str | None = None
+    cause: str | None = None  # the error without where it happened: what summaries count (see EpisodeData.cause)
     message_log: list[dict[str, Any]] = field(default_factory=list)
     token_contiguity_breaks: list[str] = field(default_factory=list)
     first_break_turn: int | None = None  # the first policy turn that broke contiguity; message_log stops before it
@@ -192,13 +193,16 @@ def result_from_response(
     if status_code != 200 or not isinstance(body, dict) or body.get("status") != EpisodeStatus.OK:
         error = body.get("error") if isinstance(body, dict) else None
         detail = error or (body.get("detail") if isinstance(body, dict) else None) or str(body)[:500]
+        said = body.get("cause") if isinstance(body, dict) else None  # ours: the error without where it happened
+        answered = f"agent /run HTTP {status_code}: " if status_code else ""  # 0: the head ended it, in its words
         return RolloutResult(
             **base,
             status=EpisodeStatus.INFRASTRUCTURE_ERROR,
             policy_model=body.get("policy_model") if isinstance(body, dict) else None,
             tau2_version=body.get("tau2_version") if isinstance(body, dict) else None,
             retrieval_variant=body.get("retrieval_variant") if isinstance(body, dict) else None,
-            error=f"agent /run HTTP {status_code}: {detail}",
+            error=f"{answered}{detail}",
+            cause=f"{answered}{said or detail}",
             full_result=body if keep_full_result and isinstance(body, dict) else None,
         )
     data = EpisodeData.from_response(body)

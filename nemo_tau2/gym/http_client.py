@@ -8,6 +8,7 @@ each server, and one pooled connection set serves all episodes.
 
 import asyncio
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,12 +24,40 @@ RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
 class InfrastructureError(RuntimeError):
     """A server the episode depends on failed (after retries); the episode has no valid outcome.
 
-    ``unreachable``: the last attempt got no answer at all (connection refused or dropped), as from a server that
-    is gone, which a caller with replicas may route around."""
+    ``cause``: the message without where it happened (addresses, ports, ids), the same words for every episode one
+    failure hits: what the records, a GRPO step's line and an eval summary count. Where a message names a place, the
+    raiser passes both; otherwise the message is the cause. ``unreachable``: the last attempt got no answer at all
+    (connection refused or dropped), as from a server that is gone, which a caller with replicas may route around."""
 
-    def __init__(self, message: str, unreachable: bool = False) -> None:
+    def __init__(self, message: str, unreachable: bool = False, cause: str | None = None) -> None:
         super().__init__(message)
         self.unreachable = unreachable
+        self.cause = cause if cause is not None else message
+
+
+def exception_cause(e: BaseException) -> str:
+    """An exception in words with no address in them: a socket error by its errno's text (asyncio writes the peer's
+    address into the message itself), an HTTP error by its status, anything else as it says."""
+    os_error = getattr(e, "os_error", None) if isinstance(e, aiohttp.ClientConnectorError) else e
+    errno = getattr(os_error, "errno", None)
+    if isinstance(os_error, OSError) and errno:
+        return f"{type(e).__name__}: {os.strerror(errno)}"
+    if isinstance(e, aiohttp.ClientResponseError):
+        return f"{type(e).__name__}: HTTP {e.status} {e.message}"
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
+def answer_cause(raw: bytes, limit: int = 300) -> str:
+    """An error answer's words: ours carry them as ``cause`` when their ``detail`` names a place; else a FastAPI
+    ``detail``; anyone else's body as sent, cut at ``limit`` characters."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        body = None
+    for key in ("cause", "detail"):
+        if isinstance(body, dict) and isinstance(body.get(key), str):
+            return body[key][:limit]
+    return raw[:limit].decode(errors="replace")
 
 
 class RetryConfig(BaseModel):
@@ -56,6 +85,12 @@ class JsonResponse:
     def text(self) -> str:
         """The body as text (decoded on demand: a policy turn's answer with token ids is ~100 KB)."""
         return self.raw.decode(errors="replace")
+
+    def failure(self, what: str) -> InfrastructureError:
+        """This error answer as the episode's failure: ``what answered HTTP <status>: <its words>``."""
+        said = f"{what} answered HTTP {self.status}"
+        return InfrastructureError(f"{said}: {self.raw[:500].decode(errors='replace')}", cause=f"{said}: "
+                                   f"{answer_cause(self.raw, 500)}")  # fmt: skip
 
 
 class GymHttpClient:
@@ -111,7 +146,7 @@ class GymHttpClient:
                     raw = await response.read()
                     returned_cookies = {key: morsel.value for key, morsel in response.cookies.items()}
                     if response.status in retry_statuses:
-                        cause = f"HTTP {response.status}: {raw[:300].decode(errors='replace')}"
+                        cause = f"HTTP {response.status}: {answer_cause(raw)}"
                     else:
                         try:
                             body = orjson.loads(raw) if raw else None
@@ -124,9 +159,8 @@ class GymHttpClient:
             except TimeoutError:
                 cause = f"no answer within {retry.timeout_s:g} s"
             except aiohttp.ClientError as e:
-                cause = f"{type(e).__name__}: {e}"
+                cause = exception_cause(e)
                 unreachable = isinstance(e, aiohttp.ClientConnectionError)
             logger.warning("%s to %s failed (attempt %d/%d): %s", what, url, attempt, retry.max_attempts, cause)
-        raise InfrastructureError(
-            f"{what} failed after {retry.max_attempts} attempts: {cause} ({url})", unreachable=unreachable
-        )
+        failed = f"{what} failed after {retry.max_attempts} attempts: {cause}"
+        raise InfrastructureError(f"{failed} ({url})", unreachable=unreachable, cause=failed)

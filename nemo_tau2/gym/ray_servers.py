@@ -117,6 +117,7 @@ class RayGymServers(GymServers):
         super().__init__(specs, log_dir=log_dir, startup_timeout_s=startup_timeout_s, env=env)
         self.groups = groups
         self.cluster = cluster
+        self.health.detection_s = cluster.gym_detection_s
         self.placement: dict[str, dict[str, Any]] = {}
         self._ray: Any = None
         self._ray_stack = ExitStack()

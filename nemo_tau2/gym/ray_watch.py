@@ -23,7 +23,14 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from nemo_tau2.gym.replica_health import ServerLoss
+
 logger = logging.getLogger(__name__)
+
+# the order servers found lost in one round are declared in: a resources replica first (it takes the agents that
+# used it along, into one restart), then each group by its lead server (an agent before its model servers)
+SERVER_KINDS = {"resources_servers": "resources server", "responses_api_agents": "agent", "responses_api_models":
+                "model server"}  # fmt: skip
 
 
 class GymServerWatch:
@@ -32,7 +39,7 @@ class GymServerWatch:
     def __init__(self, servers: Any) -> None:
         self.servers = servers
         self.cluster = servers.cluster
-        self.lost_groups: dict[int, str] = {}  # group index -> the cause it was dropped for
+        self.lost_groups: dict[int, ServerLoss] = {}  # group index -> the cause it was dropped for
         self.restarts: dict[int, int] = {}
         self._failures: dict[str, int] = {}  # server name -> probes failed in a row
         self._stopping = threading.Event()
@@ -62,19 +69,34 @@ class GymServerWatch:
     def _run(self) -> None:
         while not self._stopping.wait(self.cluster.gym_health_interval_s):
             try:
-                for name, (url, cause) in self._check().items():
+                found = self._check()
+                for name in sorted(found, key=self._declared_first):
+                    url, _ = found[name]
                     if self._stopping.is_set():
                         return
                     if self.servers.url(name) == url:  # not started again meanwhile (with a group lost before it)
-                        self._lose(name, cause)
+                        self._lose(name, found)
             except Exception:  # the watcher must outlive any one bad check
                 logger.exception("Gym server health check failed")
+
+    def _declared_first(self, name: str) -> int:
+        return list(SERVER_KINDS).index(self._spec(name).server_type)
+
+    def _spec(self, name: str) -> Any:
+        return next(spec for spec in self.servers.specs if spec.name == name)
+
+    def _loss(self, name: str, how: str) -> ServerLoss:
+        """``name``'s loss as its group's episodes read it: which server it is, how it was found, and where."""
+        servers = self.servers
+        where = f"{name} at {servers.url(name)} on {servers.placement[name]['ip']}"
+        return ServerLoss(f"its {SERVER_KINDS[self._spec(name).server_type]} {how}", where)
 
     def _groups_of(self) -> dict[str, int]:
         return {spec.name: i for i, group in enumerate(self.servers.groups) for spec in group.specs}
 
     def _check(self) -> dict[str, tuple[str, str]]:
-        """Server name -> its URL and why it is lost, for the live servers found lost in this round."""
+        """Server name -> its URL and how it was found lost (what the server did, without a place: "exited with
+        code -9"), for the live servers found lost in this round."""
         servers, ray = self.servers, self.servers._ray
         group_of = self._groups_of()
         live = [name for name in servers.placement if group_of[name] not in self.lost_groups]
@@ -83,7 +105,7 @@ class GymServerWatch:
         for name in live:
             node = servers.placement[name]
             if node["node_id"] in dead:
-                found[name] = f"Ray marked its node {node['ip']} dead"
+                found[name] = "was on a node Ray marked dead"
         urls = {name: servers.url(name) for name in live if name not in found}
         probes = {name: self._probes.submit(self.answers, url) for name, url in urls.items()}  # meanwhile: launchers
         nodes = {servers.placement[name]["node_id"] for name in live}
@@ -100,29 +122,30 @@ class GymServerWatch:
             except ray.exceptions.RayError:
                 for name in live:
                     if servers.placement[name]["node_id"] == node_id:
-                        found.setdefault(name, f"its launcher actor on {servers.placement[name]['ip']} died")
+                        found.setdefault(name, "lost its node's launcher actor")
                 continue
             for name in live:
                 code = exits.get((name, servers._pids.get(name)))
                 if code is not None:
-                    found.setdefault(name, f"its process exited with code {code}")
+                    found.setdefault(name, f"exited with code {code}")
         for name, probe in probes.items():
             self._failures[name] = 0 if probe.result() else self._failures.get(name, 0) + 1
             if self._failures[name] >= self.cluster.gym_health_failures and name not in found:
                 found[name] = (
-                    f"it did not answer {self._failures[name]} health probes in a row "
+                    f"did not answer {self._failures[name]} health probes in a row "
                     f"({self.cluster.gym_health_timeout_s:g} s each)"
                 )
         return {name: (servers.url(name), cause) for name, cause in found.items()}
 
-    def _lose(self, name: str, cause: str) -> None:
-        """Declare ``name``'s group lost, and the agent groups that used only lost resources replicas; then restart
-        them all if allowed, else drop them."""
+    def _lose(self, name: str, found: dict[str, tuple[str, str]]) -> None:
+        """Declare ``name``'s group lost, and the agent groups that used only lost resources replicas (each named by
+        its own lead server when that was found lost in this round too: a node lost whole); then restart them all if
+        allowed, else drop them."""
         servers, group_of = self.servers, self._groups_of()
         index = group_of[name]
         if index in self.lost_groups:
             return
-        cause = f"{name} at {servers.url(name)} was lost: {cause}"
+        cause = self._loss(name, found[name][1])
         affected = {index: cause}
         if servers.groups[index].role == "resources":
             lost_resources = {spec.name for i in [*self.lost_groups, index] for spec in servers.groups[i].specs} & {
@@ -130,7 +153,9 @@ class GymServerWatch:
             }
             for agent, uses in servers.resources_of.items():
                 if set(uses) <= lost_resources and group_of[agent] not in self.lost_groups:
-                    affected.setdefault(group_of[agent], f"its resources replica {cause}")
+                    own = [spec.name for spec in servers.groups[group_of[agent]].specs if spec.name in found]
+                    lead = min(own, key=self._declared_first, default=None)
+                    affected.setdefault(group_of[agent], self._loss(lead, found[lead][1]) if lead else cause)
         for i, why in affected.items():
             self.lost_groups[i] = why
             for spec in servers.groups[i].specs:
@@ -138,7 +163,7 @@ class GymServerWatch:
             logger.warning("Gym servers %s lost: %s", [spec.name for spec in servers.groups[i].specs], why)
         self._kill([spec.name for i in affected for spec in servers.groups[i].specs])
         if all(self.restarts.get(i, 0) < self.cluster.gym_server_restarts for i in affected):
-            dead_nodes = {servers.placement[name]["node_id"]} if "node" in cause or "launcher" in cause else set()
+            dead_nodes = {servers.placement[name]["node_id"]} if "node" in found[name][1] else set()
             try:
                 servers.restart(sorted(affected), avoid=dead_nodes)
             except Exception as e:

@@ -8,25 +8,44 @@ answers: nothing else would end them). Local servers have no watcher: nothing is
 """
 
 import threading
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ServerLoss:
+    """Why a server replica was declared lost, as two fields: ``cause``, which server of the replica and how the
+    watcher found it (its node dead in Ray, its node's launcher actor gone, its process gone, its health probes
+    failed), in words that are the same for every episode it cut; ``where``, the place (server name, URL, node),
+    kept apart so that counting causes needs no rewriting of words."""
+
+    cause: str
+    where: str
+
+    def __str__(self) -> str:
+        return f"{self.cause} ({self.where})"
 
 
 class ReplicaHealth:
-    """URL -> why that server was declared lost (thread-safe: one thread writes, an event loop reads)."""
+    """URL -> why that server was declared lost (thread-safe: one thread writes, an event loop reads).
 
-    def __init__(self) -> None:
-        self._lost: dict[str, str] = {}
+    ``detection_s``: the longest the watcher takes to declare a server lost (0: nothing watches, as locally), what
+    an episode whose replica went away waits for the verdict that says why."""
+
+    def __init__(self, detection_s: float = 0.0) -> None:
+        self._lost: dict[str, ServerLoss] = {}
         self._lock = threading.Lock()
+        self.detection_s = detection_s
 
-    def mark_lost(self, url: str, cause: str) -> None:
+    def mark_lost(self, url: str, loss: ServerLoss) -> None:
         with self._lock:
-            self._lost.setdefault(url, cause)  # the first cause is the true one
+            self._lost.setdefault(url, loss)  # the first cause is the true one
 
-    def cause(self, url: str) -> str | None:
+    def cause(self, url: str) -> ServerLoss | None:
         """Why ``url`` was declared lost; None while it is not."""
         with self._lock:
             return self._lost.get(url)
 
-    def lost(self) -> dict[str, str]:
+    def lost(self) -> dict[str, ServerLoss]:
         with self._lock:
             return dict(self._lost)
 

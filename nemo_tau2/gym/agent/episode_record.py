@@ -53,6 +53,11 @@ class EpisodeData(BaseModel):
     conversation_id: str
     policy_model: str | None = Field(description="The model that played the policy (as its server names it).")
     error: str | None = Field(description="The infrastructure failure, when status is infrastructure_error.")
+    cause: str | None = Field(
+        default=None,
+        description="``error`` without where it happened (addresses, ids): the same words for every episode one "
+        "failure hits, what summaries count.",
+    )
     termination_reason: str | None = Field(description="tau2's termination reason (None: the episode failed).")
     truncated_by: str | None = Field(description="The limit that cut the episode (max_steps, max_turns), if any.")
     num_turns: int = Field(ge=0, description="Policy turns (model calls of the policy).")

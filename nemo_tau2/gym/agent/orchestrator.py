@@ -58,7 +58,7 @@ async def post_model(http: GymHttpClient, url: str, retry, state: EpisodeState, 
     response = await http.post(url + "/v1/responses", body, retry, cookies=state.cookies[role], what=f"{what} call")
     state.seconds[role] += time.perf_counter() - started
     if response.status != 200:
-        raise InfrastructureError(f"{what} answered HTTP {response.status}: {response.text[:500]}")
+        raise response.failure(what)
     state.cookies[role] = response.cookies or state.cookies[role]
     return response.body
 
@@ -91,7 +91,7 @@ class EpisodeOrchestrator:
                 await self._play(state)
                 result = await verify(state, self.session)
             except InfrastructureError as e:
-                return 502, self._failure(state, str(e), time.perf_counter() - started)
+                return 502, self._episode_data(state, time.perf_counter() - started, failure=e)
             except RowError as e:
                 return 400, {"detail": str(e)}
             finally:
@@ -151,18 +151,19 @@ class EpisodeOrchestrator:
         state.usage["output_tokens"] += output_tokens
 
     # ---------------------------------------------------------------- results
-    def _episode_data(self, state: EpisodeState, total_s: float, error: str | None = None) -> dict:
+    def _episode_data(self, state: EpisodeState, total_s: float, failure: InfrastructureError | None = None) -> dict:
         breaks = check_contiguity(state.token_turns)
         data = EpisodeData(
-            status=EpisodeStatus.OK if error is None else EpisodeStatus.INFRASTRUCTURE_ERROR,
+            status=EpisodeStatus.OK if failure is None else EpisodeStatus.INFRASTRUCTURE_ERROR,
             domain=state.domain,
             task_id=state.task_id,
             tau2_version=state.tau2_version,
             retrieval_variant=state.retrieval_variant,
             conversation_id=state.conversation_id,
             policy_model=(state.last_policy_response or {}).get("model") or self.endpoints.policy,
-            error=error,
-            termination_reason=state.termination_reason if error is None else None,
+            error=None if failure is None else str(failure),
+            cause=None if failure is None else failure.cause,
+            termination_reason=state.termination_reason if failure is None else None,
             truncated_by=state.truncated_by,
             num_turns=state.policy_turns,
             num_user_turns=state.user_turns,
@@ -179,9 +180,6 @@ class EpisodeOrchestrator:
             timings={key: round(value, 6) for key, value in state.seconds.items()} | {"total": round(total_s, 6)},
         )
         return data.model_dump(mode="json") | metric_flags(data)
-
-    def _failure(self, state: EpisodeState, cause: str, total_s: float) -> dict:
-        return self._episode_data(state, total_s, error=cause)
 
 
 def token_counts(state: EpisodeState) -> dict[str, int]:

@@ -60,7 +60,7 @@ class HttpTau2Session:
         if response.status in (400, 404, 422):
             raise RowError(f"the resources server refused the row at /seed_session: {response.text[:500]}")
         if response.status != 200:
-            raise InfrastructureError(f"/seed_session answered HTTP {response.status}: {response.text[:500]}")
+            raise response.failure("/seed_session")
         state.user_system_prompt = response.body["user_system_prompt"]
         state.user_tools = response.body["user_tools"]
         state.tau2_version = response.body.get("tau2_version", "v0.2.1")
@@ -81,7 +81,7 @@ class HttpTau2Session:
         if response.status in (400, 413):  # the body was the model's arguments: its mistake
             return f"Error: the tool call was refused: {_detail(response)}", True
         if response.status != 200:
-            raise InfrastructureError(f"tool route /{name} answered HTTP {response.status}: {response.text[:500]}")
+            raise response.failure(f"tool route /{name}")
         return response.text, response.headers.get(TOOL_ERROR_HEADER) == "1"
 
     async def verify(self, state: EpisodeState) -> dict:
@@ -102,7 +102,7 @@ class HttpTau2Session:
             body["tau2_messages"] = state.tau2_messages
         response = await self._post(state, "/verify", body, "verifying the episode")
         if response.status != 200:
-            raise InfrastructureError(f"/verify answered HTTP {response.status}: {response.text[:500]}")
+            raise response.failure("/verify")
         response.body["response"] = response_object
         return response.body
 

@@ -147,7 +147,7 @@ class FastVLLMModel(OwnModelRoutes, FastMiddlewareMixin, SimpleResponsesAPIModel
         except (orjson.JSONDecodeError, BadRequest) as e:
             payload, status = {"detail": f"{type(e).__name__}: {e}"}, 400
         except (EndpointError, InfrastructureError) as e:
-            payload, status = {"detail": f"{self.config.name}: {e}"}, 502
+            payload, status = self._failed(e), 502
         return Response(content=orjson.dumps(payload), media_type="application/json", status_code=status)
 
     async def messages(self, request: Request, body: dict = Body()) -> Any:
@@ -160,8 +160,12 @@ class FastVLLMModel(OwnModelRoutes, FastMiddlewareMixin, SimpleResponsesAPIModel
         except BadRequest as e:
             status, detail = 400, f"{type(e).__name__}: {e}"
         except (EndpointError, InfrastructureError) as e:
-            status, detail = 502, f"{self.config.name}: {e}"
+            return Response(content=orjson.dumps(self._failed(e)), media_type="application/json", status_code=502)
         return Response(content=orjson.dumps({"detail": detail}), media_type="application/json", status_code=status)
+
+    def _failed(self, e: EndpointError | InfrastructureError) -> dict[str, str]:
+        """A 502's body: ``detail`` with where the endpoint failed, ``cause`` without (what the agent records)."""
+        return {"detail": f"{self.config.name}: {e}", "cause": f"{self.config.name}: {getattr(e, 'cause', e)}"}
 
     async def _invoke_responses(
         self, request: Request, params: NeMoGymResponseCreateParamsNonStreaming

@@ -17,13 +17,17 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Literal
 
-from nemo_tau2.gym.replica_health import ReplicaHealth
+from nemo_tau2.gym.replica_health import ReplicaHealth, ServerLoss
 
 ReplicaRouting = Literal["sticky", "round_robin"]
 
 
 class NoLiveReplica(LookupError):
-    """Every replica was declared lost; the message names the causes."""
+    """Every replica was declared lost; the message names the causes and where, ``cause`` the causes alone."""
+
+    def __init__(self, losses: list[ServerLoss]) -> None:
+        self.cause = "every replica was declared lost: " + "; ".join(sorted({loss.cause for loss in losses}))
+        super().__init__(f"{self.cause} ({'; '.join(loss.where for loss in losses)})")
 
 
 class ReplicaRouter:
@@ -59,8 +63,7 @@ class ReplicaRouter:
         lost = self.health.lost() if self.health is not None else {}
         kept = [url for url in self.urls if url not in lost]
         if not kept:
-            causes = "; ".join(f"{url}: {lost[url]}" for url in self.urls)
-            raise NoLiveReplica(f"every replica was declared lost ({causes})")
+            raise NoLiveReplica([lost[url] for url in self.urls])
         live = [url for url in kept if self._down_until[url] <= now]
         return live or kept  # all set aside: try them all again rather than refuse
 

@@ -18,7 +18,7 @@ from nemo_tau2.evals.eval import setup_eval
 from nemo_tau2.experience.episode_post import post_episode
 from nemo_tau2.gym.episode_config import NemoGymEnvConfig
 from nemo_tau2.gym.model_server.routing import ReplicaRouter
-from nemo_tau2.gym.replica_health import ReplicaHealth
+from nemo_tau2.gym.replica_health import ReplicaHealth, ServerLoss
 
 EVAL_FAKE = Path(__file__).parents[3] / "examples" / "configs" / "evals" / "tau2_fake.yaml"
 
@@ -67,14 +67,16 @@ def test_an_episode_on_a_replica_declared_lost_ends_within_a_second_naming_the_c
         await asyncio.sleep(0.5)
         assert hits["silent"] == 1 and not episode.done()  # in flight, unanswered
         declared = time.monotonic()
-        health.mark_lost(silent, "tau2_agent_1 was lost: it did not answer 3 health probes in a row (5 s each)")
+        where = f"tau2_agent_1 at {silent} on 127.0.0.1"
+        health.mark_lost(silent, ServerLoss("its agent did not answer 3 health probes in a row (5 s each)", where))
         status, body = await episode
         assert time.monotonic() - declared < 1.5
         assert status == 0
-        assert body["error"] == (
-            f"the agent replica {silent} was declared lost mid-episode: tau2_agent_1 was lost: it did not answer 3 "
-            "health probes in a row (5 s each)"
+        assert body["cause"] == (
+            "the agent replica was declared lost mid-episode: its agent did not answer 3 health probes in a row "
+            "(5 s each); the episode was dropped"
         )
+        assert body["error"] == f"{body['cause']} ({silent}; {where})"
 
     _run(check)
 
@@ -82,15 +84,18 @@ def test_an_episode_on_a_replica_declared_lost_ends_within_a_second_naming_the_c
 def test_new_episodes_go_to_live_replicas_only_and_none_is_left_when_all_are_lost():
     async def check(http, answering, silent, hits):
         health = ReplicaHealth()
-        health.mark_lost(silent, "its node is gone")
+        health.mark_lost(silent, ServerLoss("its agent was on a node Ray marked dead", "tau2_agent_1"))
         router = ReplicaRouter([silent, answering], health=health)
         answers = await asyncio.gather(*(post_episode(http, router, str(i), b"{}", 600) for i in range(6)))
         assert answers == [(200, {"status": "ok"})] * 6
         assert hits == {"answering": 6, "silent": 0}
-        health.mark_lost(answering, "its launcher actor died")
+        health.mark_lost(answering, ServerLoss("its model server lost its node's launcher actor", "policy_model"))
         status, body = await post_episode(http, router, "6", b"{}", 600)
-        assert status == 0 and body["error"].startswith("no agent replica left: every replica was declared lost (")
-        assert "its node is gone" in body["error"] and "its launcher actor died" in body["error"]
+        assert status == 0 and body["cause"] == (
+            "no agent replica left: every replica was declared lost: its agent was on a node Ray marked dead; its "
+            "model server lost its node's launcher actor; the episode was dropped"
+        )
+        assert body["error"].endswith("(tau2_agent_1; policy_model)")
 
     _run(check)
 
@@ -100,7 +105,8 @@ def test_an_episode_past_its_wall_clock_limit_is_an_infrastructure_error_that_sa
         began = time.monotonic()
         status, body = await post_episode(http, ReplicaRouter([silent]), "0", b"{}", timeout_s=1.0)
         assert 1.0 <= time.monotonic() - began < 2.5
-        assert status == 0 and body["error"].startswith(f"the episode passed its wall-clock limit of 1 s on {silent}")
+        assert status == 0 and body["cause"].startswith("the episode passed its wall-clock limit of 1 s (")
+        assert body["cause"].endswith("; the episode was dropped") and body["error"].endswith(f" ({silent})")
 
     _run(check)
 

@@ -31,11 +31,13 @@ from ray.cluster_utils import Cluster
 
 from nemo_tau2.algorithms.grpo_config import GRPOMasterConfig
 from nemo_tau2.algorithms.loss import NLLLossFn
+from nemo_tau2.algorithms.train_rollouts import failure_causes
 from nemo_tau2.algorithms.training_setup import open_cluster
 from nemo_tau2.cluster import ClusterConfig, import_ray
 from nemo_tau2.config import ConfigError, apply_overrides, load_config, validate_config
 from nemo_tau2.evals.config import EvalMasterConfig
 from nemo_tau2.evals.eval import setup_eval
+from nemo_tau2.evals.results import describe_causes
 from nemo_tau2.experience.rollouts import OK, SamplingParams, run_async_nemo_gym_rollout, run_nemo_gym_rollout_sync
 from nemo_tau2.generation import GenerationConfig
 from nemo_tau2.generation.tiny_model import build_tiny_model
@@ -302,10 +304,16 @@ def test_a_silent_gym_node_ends_its_episodes_within_30_s_naming_the_cause_and_it
         print(
             f"silent node: {len(failed)} episode(s) ended {max(at for at, _ in failed) - silenced:.1f} s after SIGSTOP"
         )
+        cause = (
+            "the agent replica was declared lost mid-episode: its agent did not answer 3 health probes in a row "
+            f"({servers.cluster.gym_health_timeout_s:g} s each); the episode was dropped"
+        )
+        agent_at = f"{servers.url(AGENTS[1])}; {AGENTS[1]} at {servers.url(AGENTS[1])} on {silent.node_ip_address}"
         for at, r in failed:
             assert at - silenced < 30, f"an episode of the silent node ended {at - silenced:.0f} s after it stopped"
-            assert "was declared lost mid-episode" in r.error and "did not answer 3 health probes in a row" in r.error
+            assert r.cause == cause and r.error == f"{cause} ({agent_at})"  # word for word: the record
             assert started[(r.domain, r.task_id)][0] == AGENTS[1] and r.reward is None
+        assert describe_causes(failure_causes(r for _, r in arrivals)) == f"{len(failed)}x {cause}"  # the step line
         assert all(r.reward == 1.0 for _, r in arrivals if r.status == OK)
         deadline = time.monotonic() + 120
         while servers.placement[AGENTS[1]]["node_id"] != spare.node_id or servers.health.cause(servers.url(AGENTS[1])):
@@ -370,6 +378,16 @@ def test_a_lost_node_fails_only_the_episodes_it_held_and_leaves_no_process(clust
     }
     assert failed and failed <= held  # cut mid-episode, never another node's
     assert all(r.reward is None for r in results if r.status != OK)
+    # word for word: each lost episode names the node loss (the agent's "stopping" answer, or the dropped connection,
+    # waited for the watcher's verdict), however the watcher found it first
+    ways = ["was on a node Ray marked dead", "lost its node's launcher actor"]
+    causes = {
+        f"the agent replica was declared lost mid-episode: its agent {how}; the episode was dropped" for how in ways
+    }
+    lost_causes = failure_causes(results)
+    assert set(lost_causes) <= causes, lost_causes
+    (cause,) = lost_causes
+    assert describe_causes(lost_causes) == f"{len(failed)}x {cause}"  # the step line
     assert all(r.reward == 1.0 for r in results if r.status == OK)
     lost_pids = [servers.pid(name) for name in lost_servers]
     deadline = time.monotonic() + 30

@@ -74,6 +74,11 @@ def test_v101_eval_rewards_equal_tau2_v101s_own_evaluation_and_a_judge_fault_is_
     assert faulty["status"] == "infrastructure_error" and faulty["reward"] is None
     assert "NL-assertion judge failed" in faulty["error"] and f"after {JUDGE_ATTEMPTS} attempts" in faulty["error"]
     assert summary["metrics"]["eval/overall/num_infra_errors"] == 1
+    assert summary["infrastructure_causes"] == {faulty["cause"]: 1}  # counted by cause, which names no place
+    assert faulty["cause"] == (
+        f"agent /run HTTP 502: verifying the episode failed after 4 attempts: HTTP 502: tau2 v1.0.1: NL-assertion "
+        f"judge failed: JSONDecodeError: Expecting value: line 1 column 1 (char 0) (after {JUDGE_ATTEMPTS} attempts)"
+    )
     for record in by_task.values():
         assert record["status"] == "ok" and record["tau2_version"] == "v1.0.1", record.get("error")
         reference = worker.request(
