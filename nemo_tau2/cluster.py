@@ -100,6 +100,16 @@ class ClusterConfig(BaseModel):
         "node if its launcher answers, else on a live Gym node; once used up (0: at once) it is dropped and new "
         "episodes go to the live replicas.",
     )
+    lease_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="Ray placement: every process a run starts on a node (launcher, fork server, Gym servers) ends "
+        "itself, with its children, this long after the head last renewed its node's lease (a node stopped or cut "
+        "off that comes back, a head killed with -9, a run that ended while the node was unreachable); at least the "
+        "watcher's detection time, gym_health_failures x (gym_health_interval_s + gym_health_timeout_s).",
+    )
     gym_failure_domain: str | None = Field(
         default=None,
         description="gym_placement=ray: the Ray node label whose value names a failure domain (ray start "
@@ -118,6 +128,12 @@ class ClusterConfig(BaseModel):
             raise ValueError(
                 f"gym_health_failures x (gym_health_interval_s + gym_health_timeout_s) = {detection:g} s: a silent "
                 "Gym server would hold its episodes that long; keep it under 300 s"
+            )
+        if self.lease_timeout_s < detection:
+            raise ValueError(
+                f"cluster.lease_timeout_s={self.lease_timeout_s:g} is shorter than the watcher's detection time "
+                f"({detection:g} s): a slow node would end its servers before the head declares them lost; set it "
+                f"to {3 * detection:g} (3x) or more"
             )
         return self
 

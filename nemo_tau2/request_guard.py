@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import re
 from collections.abc import Callable
 from typing import Any
@@ -110,6 +111,13 @@ def _refuse_constant(name: str) -> None:
     raise _NonStandardLiteral(name)
 
 
+# A server started for one run (a Ray-placed one: ``nemo_tau2.gym.lease``) knows the run's id; a request naming another
+# run is refused with 409 naming both, so that a server woken after its run never answers the next one.
+RUN_ID_ENV = "NEMO_TAU2_RUN_ID"
+RUN_ID_HEADER = "X-NeMo-Tau2-Run"
+_RUN_HEADER_KEY = RUN_ID_HEADER.lower().encode()
+
+
 def _default_error_body(message: str, status: int) -> dict[str, Any]:
     return {"detail": message}
 
@@ -141,6 +149,7 @@ class RequestBodyGuard:
         self.lone_surrogates_allowed = lone_surrogates_allowed
         self.error_body = error_body
         self.cancel_on_disconnect = cancel_on_disconnect
+        self.run_id = os.environ.get(RUN_ID_ENV)  # set in the server's environment before it builds its app
 
     async def _refuse(self, send, status: int, message: str) -> None:
         body = orjson.dumps(self.error_body(message, status))
@@ -166,7 +175,13 @@ class RequestBodyGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = dict(scope.get("headers") or []).get(b"content-length")
+        headers = dict(scope.get("headers") or [])
+        sender = headers.get(_RUN_HEADER_KEY)
+        if self.run_id and sender is not None and sender.decode(errors="replace") != self.run_id:
+            theirs = sender.decode(errors="replace")[:64]
+            await self._refuse(send, 409, f"this server belongs to run {self.run_id}, not to run {theirs}")
+            return
+        declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             await self._refuse(send, 413, self._too_large(int(declared)))
             return

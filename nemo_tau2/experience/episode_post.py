@@ -32,8 +32,8 @@ def _failed(cause: str, where: str) -> tuple[int, dict[str, str]]:
     return 0, {"error": f"{cause} ({where})", "cause": cause}
 
 
-async def _answer(http: aiohttp.ClientSession, url: str, data: bytes) -> tuple[int, Any]:
-    async with http.post(f"{url}/run", data=data, headers={"Content-Type": "application/json"}) as response:
+async def _answer(http: aiohttp.ClientSession, url: str, data: bytes, headers: dict[str, str]) -> tuple[int, Any]:
+    async with http.post(f"{url}/run", data=data, headers={"Content-Type": "application/json", **headers}) as response:
         raw = await response.read()
         try:
             return response.status, orjson.loads(raw)
@@ -68,7 +68,12 @@ async def _loss_behind(health: ReplicaHealth | None, url: str) -> ServerLoss | N
 
 
 async def post_episode(
-    http: aiohttp.ClientSession, router: ReplicaRouter, key: str, data: bytes, timeout_s: float
+    http: aiohttp.ClientSession,
+    router: ReplicaRouter,
+    key: str,
+    data: bytes,
+    timeout_s: float,
+    headers: dict[str, str] | None = None,
 ) -> tuple[int, Any]:
     """POST one episode's row to an agent replica: ``(status, body)``, status 0 when no answer came; a failure's
     body has ``error`` (with where) and ``cause`` (without).
@@ -83,7 +88,7 @@ async def post_episode(
     for _ in router.urls:  # each replica at most once
         try:
             with router.call(key) as url:
-                status, answer = await _bounded(http, router, url, data, deadline, timeout_s)
+                status, answer = await _bounded(http, router, url, data, deadline, timeout_s, headers or {})
         except NoLiveReplica as e:
             return 0, {"error": f"no agent replica left: {e}", "cause": f"no agent replica left: {e.cause}; {DROPPED}"}
         except aiohttp.ClientConnectorError as e:  # never reached the replica: safe to send elsewhere
@@ -103,10 +108,16 @@ async def post_episode(
 
 
 async def _bounded(
-    http: aiohttp.ClientSession, router: ReplicaRouter, url: str, data: bytes, deadline: float, timeout_s: float
+    http: aiohttp.ClientSession,
+    router: ReplicaRouter,
+    url: str,
+    data: bytes,
+    deadline: float,
+    timeout_s: float,
+    headers: dict[str, str],
 ) -> tuple[int, Any]:
     """The replica's answer, unless it is declared lost or the episode's deadline passes first."""
-    request = asyncio.ensure_future(_answer(http, url, data))
+    request = asyncio.ensure_future(_answer(http, url, data, headers))
     lost = asyncio.ensure_future(_declared_lost(router.health, url))
     try:
         done, _ = await asyncio.wait(

@@ -36,6 +36,7 @@ from nemo_tau2.gym.agent.episode_record import EpisodeData, EpisodeStatus
 from nemo_tau2.gym.episode_config import NemoGymEnvConfig
 from nemo_tau2.gym.model_server.routing import ReplicaRouter
 from nemo_tau2.gym.replica_health import AgentReplicas, ReplicaHealth
+from nemo_tau2.request_guard import RUN_ID_HEADER
 
 logger = logging.getLogger(__name__)
 
@@ -290,7 +291,7 @@ async def run_async_nemo_gym_rollout(
                     watch.running += 1
                 try:
                     status, body = await post_episode(
-                        http, routers[name], str(row_index), orjson.dumps(row), limits[name]
+                        http, routers[name], str(row_index), orjson.dumps(row), limits[name], _run(agent_urls[name])
                     )
                 finally:
                     if watch:
@@ -327,6 +328,11 @@ async def run_async_nemo_gym_rollout(
 
 def _health(urls: str | Sequence[str]) -> ReplicaHealth | None:
     return urls.health if isinstance(urls, AgentReplicas) else None
+
+
+def _run(urls: str | Sequence[str]) -> dict[str, str]:
+    """The header naming the servers' run (Ray-placed servers refuse another run's requests)."""
+    return {RUN_ID_HEADER: urls.run_id} if isinstance(urls, AgentReplicas) and urls.run_id else {}
 
 
 def _episode_timeout_s(urls: str | Sequence[str], given: float | None) -> float:

@@ -112,7 +112,8 @@ class Tau2Environment:
         """agent name (rows' ``agent_ref.name``) -> the URLs of its replicas (their ``/run``), with their health and
         their episodes' wall-clock limit (what the rollout bounds each episode by)."""
         urls = self.servers.replica_urls(AGENT)
-        return {AGENT: AgentReplicas(urls, self.servers.health, self.spec.gym.episode_limit_s())}
+        limit = self.spec.gym.episode_limit_s()
+        return {AGENT: AgentReplicas(urls, self.servers.health, limit, getattr(self.servers, "run_id", None))}
 
     def start(self) -> "Tau2Environment":
         try:

@@ -36,6 +36,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from nemo_tau2.gym.lease import LEASE_FILE_ENV, lease_expired, watch_lease_from_env
 from nemo_tau2.processes import child_environment, die_with_parent
 
 _MAX_MESSAGE = 1 << 20
@@ -120,6 +121,10 @@ class ForkServer:
         self._names[message["pid"]] = name
         return message["pid"]
 
+    def server_pids(self) -> list[int]:
+        """Every server spawned (some may have exited)."""
+        return list(self._names)
+
     def exits(self) -> list[ServerExit]:
         """Every server that has exited so far (reads what the fork server has reported; does not block)."""
         while self._socket.fileno() >= 0 and select.select([self._socket], [], [], 0)[0]:
@@ -200,6 +205,7 @@ def _serve_in_child(control: socket.socket, message: dict, log_fd: int, secrets_
         with os.fdopen(secrets_fd, "rb") as pipe:
             secrets = json.loads(pipe.read() or b"{}")
         os.environ.update(message["env"])
+        watch_lease_from_env()  # started under a lease: end with it
         from nemo_tau2.gym.serving import main
 
         main(message["argv"], secrets=secrets)
@@ -272,7 +278,8 @@ def main(argv: list[str]) -> None:
             return
         print(f"imported {len(argv) - 1} server classes in {time.perf_counter() - began:.1f} s", flush=True)
         _send(control, {"event": "ready", "preload_s": round(time.perf_counter() - began, 3)})
-        while True:
+        lease = os.environ.get(LEASE_FILE_ENV)
+        while not (lease and lease_expired(lease)):  # the head stopped renewing: stop the servers, end
             if select.select([control], [], [], 0.2)[0]:
                 message, fds = _receive(control, max_fds=2)
                 if message is None:

@@ -16,6 +16,8 @@ import aiohttp
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
+from nemo_tau2.gym.lease import run_headers
+
 logger = logging.getLogger(__name__)
 
 RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -128,7 +130,7 @@ class GymHttpClient:
         ``retry.max_attempts`` raises :class:`InfrastructureError` naming ``what`` and the last cause.
         """
         data = orjson.dumps(payload)
-        request_headers = {"Content-Type": "application/json", **(headers or {})}
+        request_headers = {"Content-Type": "application/json", **run_headers(), **(headers or {})}
         cause = ""
         unreachable = False
         for attempt in range(1, retry.max_attempts + 1):

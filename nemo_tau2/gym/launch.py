@@ -132,6 +132,7 @@ class GymServers:
         self._pids: dict[str, int] = {}
         self.startup_s: float | None = None
         self.health = ReplicaHealth()  # servers declared lost (by the Ray-placed servers' watcher; none locally)
+        self.run_id: str | None = None  # what the servers check requests against (Ray-placed ones; none locally)
 
     def url(self, name: str) -> str:
         (block,) = self.global_config[name].values()

@@ -22,16 +22,19 @@ in-flight ones on a lost agent ended as infrastructure errors naming the cause);
 while ``cluster.gym_server_restarts`` allows, else dropped.
 
 Lifetimes: the fork server stops its servers and exits when its launcher dies (its control socket closes; and
-``PR_SET_PDEATHSIG``), so killing a launcher, losing its node or the head process ending (Ray ends the actors a
-driver owned) leaves no server holding a port. :meth:`RayGymServers.stop` (also on exit, Ctrl-C or error) stops
-them, kills the launchers and removes the placement groups.
+``PR_SET_PDEATHSIG``); :meth:`RayGymServers.stop` (also on exit, Ctrl-C or error) stops them, kills the launchers
+and removes the placement groups. What the head cannot reach (a node stopped or cut off, the head killed) ends on its
+own when its node's lease runs out (:mod:`nemo_tau2.gym.lease`); each server refuses another run's requests (409).
 """
 
 import contextlib
 import logging
 import os
 import signal
+import tempfile
+import threading
 import time
+import uuid
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -41,6 +44,7 @@ from omegaconf import OmegaConf
 from nemo_tau2.cluster import ClusterConfig, import_ray, ray_connection
 from nemo_tau2.gym.fork_server import ForkServer, ForkServerError, ServerExit
 from nemo_tau2.gym.launch import GymServers, ServerStartError, free_port, gym_global_config
+from nemo_tau2.gym.lease import LEASE_FILE_ENV, RUN_ID_ENV, NodeLease, end_process_group, watch_lease
 from nemo_tau2.gym.ray_watch import GymServerWatch
 from nemo_tau2.gym.serving import CONFIG_DICT_ENV
 from nemo_tau2.gym.stack import ServerGroup, tau2_local_resources
@@ -48,17 +52,37 @@ from nemo_tau2.gym.stack import ServerGroup, tau2_local_resources
 logger = logging.getLogger(__name__)
 
 LOG_TAIL_BYTES = 1 << 20
+LEASE_RENEWALS = 6  # renewals per lease period: five may be lost before a healthy node's lease runs out
 
 
 class GymNodeLauncher:
     """On one node (a Ray actor): a fork server that starts the Gym servers placed on this node."""
 
-    def __init__(self, server_classes: list[str], log_dir: str, env: dict[str, str]) -> None:
+    def __init__(
+        self, server_classes: list[str], log_dir: str, env: dict[str, str], run_id: str, lease_timeout_s: float
+    ) -> None:
         ray = import_ray()
         self.node_id = ray.get_runtime_context().get_node_id()
         self.ip = ray.util.get_node_ip_address()
         Path(log_dir).mkdir(parents=True, exist_ok=True)
+        # the node's lease, on its own disk; the fork server and every server forked from it read it too
+        path = Path(tempfile.gettempdir()) / f"nemo_tau2_lease_{run_id}_{self.node_id[:12]}"
+        self.lease = NodeLease(path, lease_timeout_s)
+        env = env | {LEASE_FILE_ENV: str(path), RUN_ID_ENV: run_id}
         self.fork_server = ForkServer(server_classes, Path(log_dir) / f"fork_server_{self.node_id[:12]}.log", env)
+        watch_lease(path, self._lease_expired)
+
+    def renew(self, sent_at: float) -> float:
+        """The head's renewal, sent at ``sent_at`` (its ``lease`` concurrency group: no call holds it up)."""
+        return self.lease.renew(sent_at)
+
+    def _lease_expired(self) -> None:
+        """The head stopped renewing: end the fork server and its servers (each also ends on its own), then this
+        actor's process."""
+        for pid in [self.fork_server.process.pid, *self.fork_server.server_pids()]:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+        end_process_group()
 
     def where(self) -> dict[str, Any]:
         """This node's id and address, and the pid of its fork server."""
@@ -96,6 +120,7 @@ class GymNodeLauncher:
 
     def stop(self) -> None:
         self.fork_server.stop()
+        self.lease.release()
 
 
 class RayGymServers(GymServers):
@@ -126,6 +151,9 @@ class RayGymServers(GymServers):
         self.resources_of: dict[str, list[str]] = {}  # agent name -> the resources replicas it uses (locality)
         self._secrets: dict[str, dict] = {}
         self.watch: GymServerWatch | None = None  # from start on: what was lost, what was started again
+        self.run_id = uuid.uuid4().hex  # what each server checks requests against (409 for another run's)
+        self._renewing = threading.Event()  # set: stop renewing
+        self._renewer = threading.Thread(target=self._renew_leases, name="nemo-tau2-leases", daemon=True)
 
     def start(self) -> "RayGymServers":
         began = time.perf_counter()
@@ -174,14 +202,25 @@ class RayGymServers(GymServers):
             "%d Gym servers up on %d Ray nodes in %.1f s", len(self.specs), len(self.launchers), self.startup_s
         )
         self.watch = GymServerWatch(self).start()
+        self._renewer.start()
         return self
 
     def _launcher(self, node_id: str) -> Any:
         ray = self._ray
-        launcher_class = ray.remote(num_cpus=0, max_restarts=0)(GymNodeLauncher)
+        launcher_class = ray.remote(num_cpus=0, max_restarts=0, concurrency_groups={"lease": 1})(GymNodeLauncher)
         classes = sorted({spec.server_class for spec in self.specs})
         affinity = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(node_id, soft=False)
-        return launcher_class.options(scheduling_strategy=affinity).remote(classes, str(self.log_dir), self.extra_env)
+        return launcher_class.options(scheduling_strategy=affinity).remote(
+            classes, str(self.log_dir), self.extra_env, self.run_id, self.cluster.lease_timeout_s
+        )
+
+    def _renew_leases(self) -> None:
+        """Renew each node's lease, unwaited: a stopped or cut-off node's runs out, as it should."""
+        interval = self.cluster.lease_timeout_s / LEASE_RENEWALS
+        while not self._renewing.wait(interval):
+            for launcher in list(self.launchers.values()):
+                with contextlib.suppress(Exception):
+                    launcher.renew.options(concurrency_group="lease").remote(time.time())
 
     def _failure_domains(self) -> dict[str, str]:
         """Server name -> its failure domain: its node, or its node's value of the ``cluster.gym_failure_domain``
@@ -323,6 +362,7 @@ class RayGymServers(GymServers):
         """Stop every server, kill the launchers, remove the placement groups (idempotent; a lost node is skipped)."""
         if self.watch is not None:
             self.watch.stop()
+        self._renewing.set()
         ray = self._ray
         if ray is not None and ray.is_initialized():
             with contextlib.suppress(OSError):

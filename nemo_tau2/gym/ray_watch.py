@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from nemo_tau2.gym.replica_health import ServerLoss
+from nemo_tau2.request_guard import RUN_ID_HEADER
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +60,8 @@ class GymServerWatch:
     def answers(self, url: str) -> bool:
         """Any HTTP answer to ``GET /`` within the probe timeout (an error status is an answer: the server is up)."""
         try:
-            with urllib.request.urlopen(url + "/", timeout=self.cluster.gym_health_timeout_s):
+            probe = urllib.request.Request(url + "/", headers={RUN_ID_HEADER: self.servers.run_id or ""})
+            with urllib.request.urlopen(probe, timeout=self.cluster.gym_health_timeout_s):
                 return True
         except urllib.error.HTTPError:
             return True

@@ -52,9 +52,13 @@ class ReplicaHealth:
 
 class AgentReplicas(list[str]):
     """The URLs of an agent's replicas (a list, as every caller of the rollout passes them), with what the head
-    needs to bound their episodes: the servers' :class:`ReplicaHealth` and each episode's wall-clock limit."""
+    needs to bound their episodes: the servers' :class:`ReplicaHealth` and each episode's wall-clock limit; and the
+    run id the servers check each request against (Ray-placed servers; None locally)."""
 
-    def __init__(self, urls: list[str], health: ReplicaHealth, episode_timeout_s: float) -> None:
+    def __init__(
+        self, urls: list[str], health: ReplicaHealth, episode_timeout_s: float, run_id: str | None = None
+    ) -> None:
         super().__init__(urls)
         self.health = health
         self.episode_timeout_s = episode_timeout_s
+        self.run_id = run_id

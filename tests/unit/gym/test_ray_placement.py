@@ -56,6 +56,7 @@ from nemo_tau2.gym.stack import (
 )
 from nemo_tau2.models.policy import TrainingSequence
 from nemo_tau2.models.policy.lm_policy import Policy
+from nemo_tau2.request_guard import RUN_ID_HEADER
 from nemo_tau2.tau2_env.gym_rows import task_row
 from tests.sigterm import as_from_a_terminal
 
@@ -65,6 +66,7 @@ EVAL_FAKE = Path(__file__).parents[3] / "examples" / "configs" / "evals" / "tau2
 SAMPLING = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=512)
 RESOURCES = [RESOURCES_SERVER, f"{RESOURCES_SERVER}_1"]
 AGENTS = [AGENT, f"{AGENT}_1"]
+LEASE_S = 25.0  # >= the watcher's detection time with the defaults, 3 x (2 + 5) s
 PROTOCOL_ROUTES = {"/", "/seed_session", "/verify", "/end_session", "/session_stats", "/aggregate_metrics"}
 SEEDED = re.compile(r"session seeded: (\w+) task (\S+), episode (\w+)")
 STARTED = re.compile(r"episode started: (\w+) task (\S+) sample (\d+) on \S+, episode (\w+)")
@@ -101,7 +103,11 @@ def environment(cluster, tmp_path_factory):
         ),
         log_dir=tmp_path_factory.mktemp("server_logs"),
         cluster=ClusterConfig(
-            ray_address=cluster[0].address, gym_placement="ray", gym_node_resource=GYM, gym_server_restarts=1
+            ray_address=cluster[0].address,
+            gym_placement="ray",
+            gym_node_resource=GYM,
+            gym_server_restarts=1,
+            lease_timeout_s=LEASE_S,
         ),
     )
     with Tau2Environment(spec) as env:
@@ -292,6 +298,9 @@ def test_a_silent_gym_node_ends_its_episodes_within_30_s_naming_the_cause_and_it
     raylet = psutil.Process(silent.all_processes["raylet"][0].process.pid)
     stopped = [raylet, *raylet.children(recursive=True)]
     assert {servers.pid(name) for name in AGENTS[1:]} <= {process.pid for process in stopped}
+    fork_server = psutil.Process(servers.placement[AGENTS[1]]["fork_server_pid"])
+    ours = [fork_server.parent(), fork_server, *fork_server.children(recursive=True)]  # launcher, fork server, servers
+    old_urls = [servers.url(name) for name in held]
     for process in stopped:
         process.suspend()  # SIGSTOP
     silenced = time.monotonic()
@@ -329,12 +338,43 @@ def test_a_silent_gym_node_ends_its_episodes_within_30_s_naming_the_cause_and_it
         results = run_nemo_gym_rollout_sync(_rows(["0", "1"], sample=3), environment.agent_urls, SAMPLING, 1)
         assert [r.status for r in results] == [OK] * 4  # the run goes on, over the live replicas only
         assert {agent for agent, _ in _started(environment, sample=3).values()} <= set(AGENTS)
+        _wake_and_check_that_ours_end(stopped, ours, old_urls)
     finally:
         for process in stopped:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
         ray_cluster.remove_node(silent, allow_graceful=False)
         workers[workers.index(silent)] = spare  # the lost-node test below removes a node of these
+
+
+def _wake_and_check_that_ours_end(stopped: list, ours: list, old_urls: list[str]) -> None:
+    """The silent node wakes (a partition healing) long after its lease ran out: every process of ours there (the
+    launcher, the fork server, the servers and their children, by pid and start time) ends within LEASE_S, and none
+    answers another run meanwhile (409 naming both runs, or no answer)."""
+    identities = {(process.pid, process.create_time()) for process in ours}
+    for process in stopped:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.resume()  # SIGCONT
+    woke = time.monotonic()
+    answers = []
+    while any(_same_process(*identity) for identity in identities):
+        for url in old_urls:
+            try:
+                answer = requests.get(f"{url}/", headers={RUN_ID_HEADER: "another-run"}, timeout=2)
+                answers.append(answer.status_code)
+                assert answer.status_code == 409 and "not to run another-run" in answer.json()["detail"], answer.text
+            except requests.RequestException:
+                answers.append(None)
+        assert time.monotonic() - woke < LEASE_S, f"alive {LEASE_S} s after the wake-up: {identities}"
+        time.sleep(0.2)
+    print(f"woken node: every process of ours ended {time.monotonic() - woke:.1f} s after SIGCONT; answers {answers}")
+
+
+def _same_process(pid: int, started: float) -> bool:
+    with contextlib.suppress(psutil.NoSuchProcess):
+        process = psutil.Process(pid)
+        return process.create_time() == started and process.status() != psutil.STATUS_ZOMBIE
+    return False
 
 
 def test_a_server_log_is_read_on_its_node_and_only_a_log_the_head_cannot_see_is_copied(environment):
@@ -416,7 +456,8 @@ from nemo_tau2.gym.ray_servers import RayGymServers
 from nemo_tau2.gym.stack import RESOURCES_SERVER_CLASS, ServerGroup
 
 spec = ServerSpec("tau2_resources_server", "resources_servers", "tau2", RESOURCES_SERVER_CLASS, {"domain": "agent"})
-cluster = ClusterConfig(ray_address=sys.argv[1], gym_placement="ray", gym_node_resource="gym_cpu")
+cluster = ClusterConfig(ray_address=sys.argv[1], gym_placement="ray", gym_node_resource="gym_cpu",
+                        lease_timeout_s=float(sys.argv[3]))
 with RayGymServers([ServerGroup("resources", [spec])], cluster, log_dir=sys.argv[2]) as servers:
     print("SERVING", json.dumps({"pids": servers.process_ids(), "url": servers.url(spec.name)}), flush=True)
     while True:
@@ -424,9 +465,12 @@ with RayGymServers([ServerGroup("resources", [spec])], cluster, log_dir=sys.argv
 """
 
 
-def test_ctrl_c_on_the_head_process_stops_its_ray_placed_servers(cluster, tmp_path):
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
+def test_ctrl_c_or_kill_9_on_the_head_process_ends_its_ray_placed_servers(cluster, tmp_path, how):
+    """Ctrl-C: the head stops them. kill -9: nothing of the head runs; they end within the lease (Ray ends the
+    actors the head owned, and with them what they started; the lease bounds it where Ray could not)."""
     head = subprocess.Popen(
-        [sys.executable, "-c", HEAD_RUN, cluster[0].address, str(tmp_path)],
+        [sys.executable, "-c", HEAD_RUN, cluster[0].address, str(tmp_path), str(LEASE_S)],
         stdout=subprocess.PIPE,
         text=True,
         preexec_fn=as_from_a_terminal,
@@ -436,11 +480,11 @@ def test_ctrl_c_on_the_head_process_stops_its_ray_placed_servers(cluster, tmp_pa
         started = json.loads(next((line for line in lines if line.startswith("SERVING ")), " {}").split(" ", 1)[1])
         assert started, "the head process did not start its servers"
         assert requests.get(started["url"] + "/", timeout=10).ok
-        head.send_signal(signal.SIGINT)
+        head.send_signal(how)
         head.wait(timeout=60)
     finally:
         head.kill()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + (30 if how == signal.SIGINT else LEASE_S)
     while any(_alive(pid) for pid in started["pids"]) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(_alive(pid) for pid in started["pids"])
