@@ -111,7 +111,7 @@ def _refuse_constant(name: str) -> None:
     raise _NonStandardLiteral(name)
 
 
-# A server started for one run (a Ray-placed one: ``nemo_tau2.gym.lease``) knows the run's id; a request naming another
+# A server started for one run (a Ray-placed one: ``nemo_tau2.lease``) knows the run's id; a request naming another
 # run is refused with 409 naming both, so that a server woken after its run never answers the next one.
 RUN_ID_ENV = "NEMO_TAU2_RUN_ID"
 RUN_ID_HEADER = "X-NeMo-Tau2-Run"

@@ -26,18 +26,17 @@ is), then removes the node's folder: when the run stops, and when a replica is l
 node still answers. A zero-CPU task pinned to the node reads it, so a dead actor's log is read as a live one's; a
 node gone keeps it (the head says where).
 
-Lifetimes: a replica's processes die with its actor (``PR_SET_PDEATHSIG``, as every server we start), and Ray ends
-the actors of a driver that exits, so a head process that ends, however, leaves no server holding a port or a GPU.
+Lifetimes: a replica's processes die with its actor (``PR_SET_PDEATHSIG``, as every server we start), Ray ends the
+actors of a driver that exits, and a replica the head stops renewing ends itself (:mod:`nemo_tau2.lease`).
 """
 
 import contextlib
 import logging
 import os
-import re
-import shutil
 import tempfile
 import threading
 import urllib.request
+import uuid
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
@@ -46,6 +45,9 @@ from typing import Any
 from nemo_tau2.cluster import ClusterConfig, import_ray, ray_connection
 from nemo_tau2.generation.config import GenerationConfig
 from nemo_tau2.generation.errors import GenerationStartupError, WeightUpdateError
+from nemo_tau2.generation.replica_logs import head_log_name, read_log_tails
+from nemo_tau2.generation.serving import kill_managed_processes
+from nemo_tau2.lease import LeaseRenewer, end_process, hold_lease
 
 logger = logging.getLogger(__name__)
 
@@ -87,30 +89,6 @@ def replica_config(cfg: GenerationConfig, index: int, host: str, port: int | Non
     return GenerationConfig.model_validate(data | {block: settings})
 
 
-def read_log_tails(log_dir: str, max_bytes: int) -> dict[str, bytes]:
-    """On a replica's node: the last ``max_bytes`` of each log in its folder (a line saying how much was left out
-    first, when some was), then the folder removed."""
-    tails: dict[str, bytes] = {}
-    for path in sorted(Path(log_dir).glob("*.log")):
-        with open(path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(0, size - max_bytes))
-            tail = f.read()
-        if size > max_bytes:
-            tail = tail[tail.find(b"\n") + 1 :]  # from a line's start
-            tail = f"[nemo-tau2: the first {size - len(tail)} bytes of {path} are left out]\n".encode() + tail
-        tails[path.name] = tail
-    shutil.rmtree(log_dir, ignore_errors=True)
-    return tails
-
-
-def head_log_name(node_log_name: str, index: int) -> str:
-    """A replica's log name on the head: its node's name (``vllm_replica0.log``: one replica per node folder) with
-    the replica's index on the head (``vllm_replica3.log``)."""
-    named, found = re.subn(r"replica\d+", f"replica{index}", node_log_name, count=1)
-    return named if found else f"replica{index}_{node_log_name}"
-
-
 class GenerationReplica:
     """On one node (a Ray actor): one replica of ``policy.generation``, started by ``start_replica`` (the local
     launcher: ``GenerationConfig`` and ``log_dir`` -> a handle with ``base_urls``, ``update_weights`` and
@@ -123,7 +101,8 @@ class GenerationReplica:
         port: int | None,
         omp_threads: str | None,
         start_replica: Callable[..., Any],
-        keep_log: bool = False,
+        keep_log: bool,
+        lease: tuple[str, float],
     ) -> None:
         # Ray sets OMP_NUM_THREADS to the CPUs an actor reserved (1 here); an engine sizes its own threads (vLLM's
         # CPU build, llama.cpp, torch): it gets the head's setting, else none, as a local replica does
@@ -138,6 +117,11 @@ class GenerationReplica:
         log_dir = None if self.log_dir is None else Path(self.log_dir)
         self.handle = start_replica(replica_config(cfg, index, self.ip, port), log_dir=log_dir)
         (self.base_url,) = self.handle.base_urls
+        run_id, timeout_s = lease  # the head renews it from now on; unrenewed, the replica ends itself
+        self.lease = hold_lease(f"{run_id}_generation{index}_{self.node_id[:12]}", timeout_s, _end_replica)
+
+    def renew(self, sent_at: float) -> float:
+        return self.lease.renew(sent_at)
 
     def where(self) -> dict[str, Any]:
         return {
@@ -162,6 +146,12 @@ class GenerationReplica:
 
     def stop(self) -> None:
         self.handle.shutdown()
+        self.lease.release()
+
+
+def _end_replica() -> None:
+    kill_managed_processes()
+    end_process()  # not its group: a Ray worker's is the raylet's
 
 
 class RayGeneration:
@@ -195,6 +185,8 @@ class RayGeneration:
         self._ray_stack = ExitStack()
         self._group: Any = None
         self._watcher: threading.Thread | None = None
+        self.run_id = uuid.uuid4().hex
+        self._renewer = LeaseRenewer(cluster.lease_timeout_s, lambda: [r["actor"] for r in self.replicas if r])
 
     def start(self) -> "RayGeneration":
         ray = self._ray = self._ray_stack.enter_context(ray_connection(self.cluster))
@@ -222,6 +214,7 @@ class RayGeneration:
             raise
         self._watcher = threading.Thread(target=self._watch, name="nemo-tau2-generation-watch", daemon=True)
         self._watcher.start()
+        self._renewer.start()
         return self
 
     def _startup_timeout_s(self) -> float:
@@ -244,12 +237,13 @@ class RayGeneration:
             self._group, placement_group_bundle_index=index
         )
         custom = {k: v for k, v in self.bundle.items() if k not in ("CPU", "GPU")}
-        remote = ray.remote(max_restarts=0)(GenerationReplica)
+        remote = ray.remote(max_restarts=0, concurrency_groups={"lease": 1})(GenerationReplica)
         return remote.options(
             num_cpus=self.bundle["CPU"], num_gpus=self.bundle.get("GPU", 0), resources=custom,
             scheduling_strategy=strategy, name=None,
         ).remote(
-            self._data, index, port, os.environ.get("OMP_NUM_THREADS"), self._start_replica, self.log_dir is not None
+            self._data, index, port, os.environ.get("OMP_NUM_THREADS"), self._start_replica, self.log_dir is not None,
+            (self.run_id, self.cluster.lease_timeout_s),
         )  # fmt: skip
 
     def _collect_logs(self, replicas: list[tuple[int, dict[str, Any]]]) -> None:
@@ -378,6 +372,7 @@ class RayGeneration:
     def stop(self) -> None:
         """Stop every replica, remove the placement group, leave Ray (idempotent)."""
         self._stopping.set()
+        self._renewer.stop()
         ray = getattr(self, "_ray", None)
         if ray is not None and ray.is_initialized():
             live = [(index, r) for index, r in enumerate(self.replicas) if r is not None]

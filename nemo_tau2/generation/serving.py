@@ -118,6 +118,12 @@ def _kill_leftovers() -> None:
         process.stop(grace_s=2)
 
 
+def kill_managed_processes() -> None:
+    """SIGKILL every live server this process started, with its children (a lease ran out: no grace)."""
+    for process in list(_LIVE_PROCESSES):
+        process._signal_group(signal.SIGKILL)
+
+
 class ManagedProcess:
     """A server subprocess in its own process group, logged to a file, killed with its children on stop or exit.
 

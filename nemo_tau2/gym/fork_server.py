@@ -36,7 +36,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from nemo_tau2.gym.lease import LEASE_FILE_ENV, lease_expired, watch_lease_from_env
+from nemo_tau2.lease import LEASE_FILE_ENV, lease_expired, watch_lease_from_env
 from nemo_tau2.processes import child_environment, die_with_parent
 
 _MAX_MESSAGE = 1 << 20

@@ -16,7 +16,7 @@ import aiohttp
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from nemo_tau2.gym.lease import run_headers
+from nemo_tau2.lease import run_headers
 
 logger = logging.getLogger(__name__)
 

@@ -24,15 +24,13 @@ while ``cluster.gym_server_restarts`` allows, else dropped.
 Lifetimes: the fork server stops its servers and exits when its launcher dies (its control socket closes; and
 ``PR_SET_PDEATHSIG``); :meth:`RayGymServers.stop` (also on exit, Ctrl-C or error) stops them, kills the launchers
 and removes the placement groups. What the head cannot reach (a node stopped or cut off, the head killed) ends on its
-own when its node's lease runs out (:mod:`nemo_tau2.gym.lease`); each server refuses another run's requests (409).
+own when its node's lease runs out (:mod:`nemo_tau2.lease`); each server refuses another run's requests (409).
 """
 
 import contextlib
 import logging
 import os
 import signal
-import tempfile
-import threading
 import time
 import uuid
 from contextlib import ExitStack
@@ -44,15 +42,14 @@ from omegaconf import OmegaConf
 from nemo_tau2.cluster import ClusterConfig, import_ray, ray_connection
 from nemo_tau2.gym.fork_server import ForkServer, ForkServerError, ServerExit
 from nemo_tau2.gym.launch import GymServers, ServerStartError, free_port, gym_global_config
-from nemo_tau2.gym.lease import LEASE_FILE_ENV, RUN_ID_ENV, NodeLease, end_process_group, watch_lease
 from nemo_tau2.gym.ray_watch import GymServerWatch
 from nemo_tau2.gym.serving import CONFIG_DICT_ENV
 from nemo_tau2.gym.stack import ServerGroup, tau2_local_resources
+from nemo_tau2.lease import LEASE_FILE_ENV, RUN_ID_ENV, LeaseRenewer, end_process, hold_lease
 
 logger = logging.getLogger(__name__)
 
 LOG_TAIL_BYTES = 1 << 20
-LEASE_RENEWALS = 6  # renewals per lease period: five may be lost before a healthy node's lease runs out
 
 
 class GymNodeLauncher:
@@ -66,11 +63,9 @@ class GymNodeLauncher:
         self.ip = ray.util.get_node_ip_address()
         Path(log_dir).mkdir(parents=True, exist_ok=True)
         # the node's lease, on its own disk; the fork server and every server forked from it read it too
-        path = Path(tempfile.gettempdir()) / f"nemo_tau2_lease_{run_id}_{self.node_id[:12]}"
-        self.lease = NodeLease(path, lease_timeout_s)
-        env = env | {LEASE_FILE_ENV: str(path), RUN_ID_ENV: run_id}
+        self.lease = hold_lease(f"{run_id}_{self.node_id[:12]}", lease_timeout_s, self._lease_expired)
+        env = env | {LEASE_FILE_ENV: str(self.lease.path), RUN_ID_ENV: run_id}
         self.fork_server = ForkServer(server_classes, Path(log_dir) / f"fork_server_{self.node_id[:12]}.log", env)
-        watch_lease(path, self._lease_expired)
 
     def renew(self, sent_at: float) -> float:
         """The head's renewal, sent at ``sent_at`` (its ``lease`` concurrency group: no call holds it up)."""
@@ -79,10 +74,10 @@ class GymNodeLauncher:
     def _lease_expired(self) -> None:
         """The head stopped renewing: end the fork server and its servers (each also ends on its own), then this
         actor's process."""
-        for pid in [self.fork_server.process.pid, *self.fork_server.server_pids()]:
+        for pid in [self.fork_server.process.pid, *self.fork_server.server_pids()]:  # each its own group
             with contextlib.suppress(OSError):
                 os.killpg(pid, signal.SIGKILL)
-        end_process_group()
+        end_process()  # not its group: a Ray worker's is the raylet's
 
     def where(self) -> dict[str, Any]:
         """This node's id and address, and the pid of its fork server."""
@@ -152,8 +147,7 @@ class RayGymServers(GymServers):
         self._secrets: dict[str, dict] = {}
         self.watch: GymServerWatch | None = None  # from start on: what was lost, what was started again
         self.run_id = uuid.uuid4().hex  # what each server checks requests against (409 for another run's)
-        self._renewing = threading.Event()  # set: stop renewing
-        self._renewer = threading.Thread(target=self._renew_leases, name="nemo-tau2-leases", daemon=True)
+        self._renewer: LeaseRenewer | None = None
 
     def start(self) -> "RayGymServers":
         began = time.perf_counter()
@@ -202,7 +196,7 @@ class RayGymServers(GymServers):
             "%d Gym servers up on %d Ray nodes in %.1f s", len(self.specs), len(self.launchers), self.startup_s
         )
         self.watch = GymServerWatch(self).start()
-        self._renewer.start()
+        self._renewer = LeaseRenewer(self.cluster.lease_timeout_s, lambda: self.launchers.values()).start()
         return self
 
     def _launcher(self, node_id: str) -> Any:
@@ -213,14 +207,6 @@ class RayGymServers(GymServers):
         return launcher_class.options(scheduling_strategy=affinity).remote(
             classes, str(self.log_dir), self.extra_env, self.run_id, self.cluster.lease_timeout_s
         )
-
-    def _renew_leases(self) -> None:
-        """Renew each node's lease, unwaited: a stopped or cut-off node's runs out, as it should."""
-        interval = self.cluster.lease_timeout_s / LEASE_RENEWALS
-        while not self._renewing.wait(interval):
-            for launcher in list(self.launchers.values()):
-                with contextlib.suppress(Exception):
-                    launcher.renew.options(concurrency_group="lease").remote(time.time())
 
     def _failure_domains(self) -> dict[str, str]:
         """Server name -> its failure domain: its node, or its node's value of the ``cluster.gym_failure_domain``
@@ -362,7 +348,8 @@ class RayGymServers(GymServers):
         """Stop every server, kill the launchers, remove the placement groups (idempotent; a lost node is skipped)."""
         if self.watch is not None:
             self.watch.stop()
-        self._renewing.set()
+        if self._renewer is not None:
+            self._renewer.stop()
         ray = self._ray
         if ray is not None and ray.is_initialized():
             with contextlib.suppress(OSError):

@@ -28,7 +28,8 @@ from nemo_tau2.evals.eval import setup_eval
 from nemo_tau2.experience.rollouts import OK, SamplingParams, run_nemo_gym_rollout_sync
 from nemo_tau2.generation import GenerationConfig, start_generation
 from nemo_tau2.generation.errors import GenerationStartupError, WeightUpdateError
-from nemo_tau2.generation.ray_replicas import head_log_name, read_log_tails
+from nemo_tau2.generation.ray_replicas import RayGeneration
+from nemo_tau2.generation.replica_logs import head_log_name, read_log_tails
 from nemo_tau2.generation.tiny_model import build_tiny_model
 from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec
 from nemo_tau2.gym.episode_config import NemoGymEnvConfig
@@ -217,6 +218,30 @@ def test_a_head_process_killed_leaves_no_replica_serving(cluster):
         time.sleep(0.2)
     with pytest.raises(requests.ConnectionError):
         requests.get(urls[0].removesuffix("/v1") + "/health", timeout=5)
+
+
+def test_a_replica_whose_lease_is_not_renewed_ends_itself_and_its_server(cluster):
+    """The head alive, Ray fine, only the renewals gone (as for a node cut off from the head): the replica's actor
+    and its server end themselves once the lease runs out, not before."""
+    lease_s = 25.0  # the shortest the defaults allow: the watcher's detection time is 21 s
+    replicas = RayGeneration(FAKE, _placement(cluster, lease_timeout_s=lease_s), start_replica=start_generation)
+    replicas.start()
+    try:
+        (replica,) = replicas.replicas
+        server, actor = _server_pid(replica["base_url"]), replica["pid"]
+        time.sleep(lease_s / 2)
+        assert requests.get(replica["base_url"].removesuffix("/v1") + "/health", timeout=5).ok  # renewed
+        replicas._renewer.stop()
+        stopped = time.monotonic()
+        while any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+                  for pid in (server, actor)):  # fmt: skip
+            assert time.monotonic() - stopped < lease_s + 10, "the replica outlived its lease"
+            time.sleep(0.2)
+        ended = time.monotonic() - stopped
+        print(f"replica ended {ended:.1f} s after the last renewal (lease {lease_s:g} s)")
+        assert ended > lease_s - 2 * lease_s / 6  # the last renewal at most a sixth of the lease before the stop
+    finally:
+        replicas.stop()
 
 
 def test_an_eval_on_the_cluster_survives_a_gym_node_lost_mid_run(cluster, tmp_path):

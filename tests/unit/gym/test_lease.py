@@ -14,8 +14,8 @@ import requests
 
 from nemo_tau2.cluster import ClusterConfig
 from nemo_tau2.gym.launch import GymServers, ServerSpec
-from nemo_tau2.gym.lease import LEASE_FILE_ENV, NodeLease, read_expiry
 from nemo_tau2.gym.stack import RESOURCES_SERVER_CLASS
+from nemo_tau2.lease import LEASE_FILE_ENV, NodeLease, read_expiry
 from nemo_tau2.request_guard import RUN_ID_ENV, RUN_ID_HEADER
 
 LEASE_S = 3.0

@@ -20,15 +20,18 @@ both ids (:mod:`nemo_tau2.request_guard`): a woken server never answers a new ru
 import contextlib
 import os
 import signal
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from nemo_tau2.request_guard import RUN_ID_ENV, RUN_ID_HEADER
 
 LEASE_FILE_ENV = "NEMO_TAU2_LEASE_FILE"
 CHECK_INTERVAL_S = 0.5
+RENEWALS_PER_LEASE = 6  # five may be lost before a healthy node's lease runs out
 
 
 def run_headers() -> dict[str, str]:
@@ -83,12 +86,20 @@ def watch_lease(path: str | Path, on_expiry: Callable[[], None], interval_s: flo
     threading.Thread(target=watch, name="nemo-tau2-lease", daemon=True).start()
 
 
-def end_process_group() -> None:
-    """End this process and everything in its process group (a server is its own session: its children too)."""
+def end_process() -> None:
+    """End this process now."""
     print("the run's lease expired (its head stopped renewing it): ending", flush=True)
-    with contextlib.suppress(OSError):
-        os.killpg(os.getpgid(0), signal.SIGKILL)
     os._exit(1)
+
+
+def end_process_group() -> None:
+    """End this process and everything in its process group: for a process that leads its own group (a server is
+    its own session), never for one that shares another's (a Ray worker shares its raylet's)."""
+    if os.getpgid(0) == os.getpid():
+        print("the run's lease expired (its head stopped renewing it): ending with its children", flush=True)
+        with contextlib.suppress(OSError):
+            os.killpg(os.getpid(), signal.SIGKILL)
+    end_process()
 
 
 def watch_lease_from_env() -> None:
@@ -97,3 +108,35 @@ def watch_lease_from_env() -> None:
     path = os.environ.get(LEASE_FILE_ENV)
     if path:
         watch_lease(path, end_process_group)
+
+
+def hold_lease(name: str, timeout_s: float, on_expiry: Callable[[], None]) -> NodeLease:
+    """In an actor, once it is up (Ray runs no method, so no renewal, before ``__init__`` returns): the lease
+    ``name`` in its node's temporary folder, watched from now on."""
+    lease = NodeLease(Path(tempfile.gettempdir()) / f"nemo_tau2_lease_{name}", timeout_s)
+    watch_lease(lease.path, on_expiry)
+    return lease
+
+
+class LeaseRenewer:
+    """The head's side: every ``timeout_s / RENEWALS_PER_LEASE``, ``renew(time.time())`` on each actor ``actors()``
+    lists, in the actor's ``lease`` concurrency group (no long call holds it up), not waited for: a stopped or
+    cut-off node's lease runs out, as it should."""
+
+    def __init__(self, timeout_s: float, actors: Callable[[], Iterable[Any]]) -> None:
+        self.timeout_s, self._actors = timeout_s, actors
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="nemo-tau2-leases", daemon=True)
+
+    def start(self) -> "LeaseRenewer":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def _run(self) -> None:
+        while not self._stopping.wait(self.timeout_s / RENEWALS_PER_LEASE):
+            for actor in list(self._actors()):
+                with contextlib.suppress(Exception):
+                    actor.renew.options(concurrency_group="lease").remote(time.time())
