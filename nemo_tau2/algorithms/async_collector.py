@@ -47,12 +47,8 @@ from nemo_tau2.algorithms.sampling import (
     score_rollouts,
 )
 from nemo_tau2.algorithms.train_rollouts import TrainRolloutLog
-from nemo_tau2.experience.rollouts import (
-    RolloutResult,
-    SamplingParams,
-    run_async_nemo_gym_rollout,
-    turn_weight_versions,
-)
+from nemo_tau2.experience.message_log import turn_weight_versions
+from nemo_tau2.experience.rollouts import RolloutResult, SamplingParams, run_async_nemo_gym_rollout
 
 logger = logging.getLogger(__name__)
 

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nemo_tau2.experience.rollouts import OK, RolloutResult, message_log_from_output
+from nemo_tau2.experience.message_log import message_log_from_output
+from nemo_tau2.experience.rollouts import OK, RolloutResult
 from nemo_tau2.generation.contiguity import check_contiguity
 from nemo_tau2.tau2_env import domains
 from nemo_tau2.tau2_release.config import Tau2ReleaseConfig

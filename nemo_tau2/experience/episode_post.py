@@ -103,6 +103,10 @@ async def post_episode(
             return _lost_mid_episode(url, loss) if loss else _failed(exception_cause(e), url)
         if status == 503 and (loss := await _loss_behind(router.health, url)) is not None:
             return _lost_mid_episode(url, loss)
+        gone = answer.get("unreachable") if status == 502 and isinstance(answer, dict) else None
+        if gone and (loss := await _loss_behind(router.health, gone)) is not None:  # its resources replica, mostly
+            cause = f"the agent replica lost a server mid-episode: {loss.cause}; {DROPPED}"
+            return 0, answer | _failed(cause, f"{url}; {loss.where}")[1]
         return status, answer
     return refused
 

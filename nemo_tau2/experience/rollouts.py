@@ -30,6 +30,7 @@ import aiohttp
 import orjson
 
 from nemo_tau2.experience.episode_post import post_episode
+from nemo_tau2.experience.message_log import message_log_from_output
 from nemo_tau2.experience.progress import ProgressWatch, RolloutProgress
 from nemo_tau2.generation.config import GenerationConfig
 from nemo_tau2.gym.agent.episode_record import EpisodeData, EpisodeStatus
@@ -93,6 +94,7 @@ class RolloutResult:
     truncated_by: str | None = None
     error: str | None = None
     cause: str | None = None  # the error without where it happened: what summaries count (see EpisodeData.cause)
+    unreachable: str | None = None  # the server that gave the failed episode no answer at all, if that was it
     message_log: list[dict[str, Any]] = field(default_factory=list)
     token_contiguity_breaks: list[str] = field(default_factory=list)
     first_break_turn: int | None = None  # the first policy turn that broke contiguity; message_log stops before it
@@ -138,37 +140,6 @@ def apply_sampling_params(row: dict, sampling: SamplingParams) -> dict:
     return row
 
 
-def message_log_from_output(output: list[dict], first_break_turn: int | None) -> list[dict]:
-    """NeMo-RL's message log from a transcript's policy turns (items carrying ``generation_token_ids``); each
-    assistant message keeps the ``weight_version`` that sampled it when the server reported one.
-
-    Stops at ``first_break_turn``, the first turn whose prompt does not extend what came before (the agent found it:
-    :class:`TokenContiguity`), since from there token ids would no longer be the sequence the model saw.
-    """
-    turns = [item for item in output if item.get("generation_token_ids")]
-    log, seen = [], 0
-    for item in turns[:first_break_turn]:
-        prompt, generated = item["prompt_token_ids"], item["generation_token_ids"]
-        log.append({"role": "user", "content": "", "token_ids": list(prompt[seen:])})
-        assistant = {
-            "role": "assistant",
-            "content": "",
-            "token_ids": list(generated),
-            "generation_logprobs": list(item.get("generation_log_probs") or []),
-        }
-        if item.get("weight_version") is not None:  # which weights sampled this turn (async GRPO's staleness)
-            assistant["weight_version"] = item["weight_version"]
-        log.append(assistant)
-        seen = len(prompt) + len(generated)
-    return log
-
-
-def turn_weight_versions(message_log: list[dict]) -> list[int]:
-    """The weight version of each policy turn of a message log, in order (turns whose server did not say are left
-    out): an episode that ran through an in-flight weight update shows two or more."""
-    return [message["weight_version"] for message in message_log if "weight_version" in message]
-
-
 # The agent's episode fields a RolloutResult takes under the same names (the row gives domain, task and sample; the
 # conversation id stays in the transcript; contiguity travels as its breaks and the message log it cuts).
 EPISODE_FIELDS = set(EpisodeData.model_fields) - {
@@ -204,6 +175,7 @@ def result_from_response(
             retrieval_variant=body.get("retrieval_variant") if isinstance(body, dict) else None,
             error=f"{answered}{detail}",
             cause=f"{answered}{said or detail}",
+            unreachable=body.get("unreachable") if isinstance(body, dict) else None,
             full_result=body if keep_full_result and isinstance(body, dict) else None,
         )
     data = EpisodeData.from_response(body)

@@ -11,6 +11,7 @@ import logging
 import os
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
@@ -31,10 +32,11 @@ class InfrastructureError(RuntimeError):
     raiser passes both; otherwise the message is the cause. ``unreachable``: the last attempt got no answer at all
     (connection refused or dropped), as from a server that is gone, which a caller with replicas may route around."""
 
-    def __init__(self, message: str, unreachable: bool = False, cause: str | None = None) -> None:
+    def __init__(self, message: str, unreachable: bool = False, cause: str | None = None, server: str | None = None):
         super().__init__(message)
         self.unreachable = unreachable
         self.cause = cause if cause is not None else message
+        self.server = server  # unreachable: the server (scheme://host:port) that gave no answer
 
 
 def exception_cause(e: BaseException) -> str:
@@ -165,4 +167,5 @@ class GymHttpClient:
                 unreachable = isinstance(e, aiohttp.ClientConnectionError)
             logger.warning("%s to %s failed (attempt %d/%d): %s", what, url, attempt, retry.max_attempts, cause)
         failed = f"{what} failed after {retry.max_attempts} attempts: {cause}"
-        raise InfrastructureError(f"{failed} ({url})", unreachable=unreachable, cause=failed)
+        server = "{0.scheme}://{0.netloc}".format(urlsplit(url)) if unreachable else None
+        raise InfrastructureError(f"{failed} ({url})", unreachable=unreachable, cause=failed, server=server)

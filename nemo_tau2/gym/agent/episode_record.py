@@ -58,6 +58,11 @@ class EpisodeData(BaseModel):
         description="``error`` without where it happened (addresses, ids): the same words for every episode one "
         "failure hits, what summaries count.",
     )
+    unreachable: str | None = Field(
+        default=None,
+        description="The server (scheme://host:port) that gave the failed episode no answer at all, if that was the "
+        "failure: on a Ray cluster the head names its loss once the watcher declares it.",
+    )
     termination_reason: str | None = Field(description="tau2's termination reason (None: the episode failed).")
     truncated_by: str | None = Field(description="The limit that cut the episode (max_steps, max_turns), if any.")
     num_turns: int = Field(ge=0, description="Policy turns (model calls of the policy).")

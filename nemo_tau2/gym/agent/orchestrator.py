@@ -163,6 +163,7 @@ class EpisodeOrchestrator:
             policy_model=(state.last_policy_response or {}).get("model") or self.endpoints.policy,
             error=None if failure is None else str(failure),
             cause=None if failure is None else failure.cause,
+            unreachable=None if failure is None else failure.server,
             termination_reason=state.termination_reason if failure is None else None,
             truncated_by=state.truncated_by,
             num_turns=state.policy_turns,

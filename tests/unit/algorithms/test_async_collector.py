@@ -15,7 +15,8 @@ from nemo_tau2.algorithms.grpo_config import GRPODataConfig, GRPOSettings
 from nemo_tau2.algorithms.replay_buffer import PromptDraw, ReplayBuffer, VersionedGroup
 from nemo_tau2.algorithms.sampling import EpisodeGroup
 from nemo_tau2.algorithms.training_setup import train_and_val_rows
-from nemo_tau2.experience.rollouts import SamplingParams, turn_weight_versions
+from nemo_tau2.experience.message_log import turn_weight_versions
+from nemo_tau2.experience.rollouts import SamplingParams
 from nemo_tau2.generation import GenerationConfig
 from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec
 from nemo_tau2.gym.episode_config import NemoGymEnvConfig

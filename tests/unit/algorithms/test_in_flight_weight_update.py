@@ -12,7 +12,8 @@ import torch
 
 from nemo_tau2.algorithms.grpo_config import GRPODataConfig
 from nemo_tau2.algorithms.training_setup import train_and_val_rows
-from nemo_tau2.experience.rollouts import SamplingParams, run_nemo_gym_rollout_sync, turn_weight_versions
+from nemo_tau2.experience.message_log import turn_weight_versions
+from nemo_tau2.experience.rollouts import SamplingParams, run_nemo_gym_rollout_sync
 from nemo_tau2.generation import GenerationConfig
 from nemo_tau2.generation.launch import start_generation
 from nemo_tau2.generation.tiny_model import TinyModel, build_tiny_model, teach_reply

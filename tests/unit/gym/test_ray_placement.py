@@ -418,16 +418,19 @@ def test_a_lost_node_fails_only_the_episodes_it_held_and_leaves_no_process(clust
     }
     assert failed and failed <= held  # cut mid-episode, never another node's
     assert all(r.reward is None for r in results if r.status != OK)
-    # word for word: each lost episode names the node loss (the agent's "stopping" answer, or the dropped connection,
-    # waited for the watcher's verdict), however the watcher found it first
+    # word for word: each lost episode names the node loss, however the watcher found it first: its agent's
+    # "stopping" answer or dropped connection, or its agent's "no answer" from the resources replica there, waits for
+    # the watcher's verdict
     ways = ["was on a node Ray marked dead", "lost its node's launcher actor"]
-    causes = {
-        f"the agent replica was declared lost mid-episode: its agent {how}; the episode was dropped" for how in ways
-    }
+    forms = [
+        "the agent replica was declared lost mid-episode: its agent {}; the episode was dropped",  # on the node
+        "the agent replica lost a server mid-episode: its resources server {}; the episode was dropped",  # beside
+    ]
+    causes = {form.format(how) for form in forms for how in ways}
     lost_causes = failure_causes(results)
     assert set(lost_causes) <= causes, lost_causes
-    (cause,) = lost_causes
-    assert describe_causes(lost_causes) == f"{len(failed)}x {cause}"  # the step line
+    line = describe_causes(lost_causes)  # the step line
+    assert line == "; ".join(f"{count}x {cause}" for cause, count in lost_causes.most_common())
     assert all(r.reward == 1.0 for r in results if r.status == OK)
     lost_pids = [servers.pid(name) for name in lost_servers]
     deadline = time.monotonic() + 30
