@@ -223,8 +223,10 @@ def test_a_head_process_killed_leaves_no_replica_serving(cluster):
 def test_a_replica_whose_lease_is_not_renewed_ends_itself_and_its_server(cluster):
     """The head alive, Ray fine, only the renewals gone (as for a node cut off from the head): the replica's actor
     and its server end themselves once the lease runs out, not before."""
-    lease_s = 25.0  # the shortest the defaults allow: the watcher's detection time is 21 s
-    replicas = RayGeneration(FAKE, _placement(cluster, lease_timeout_s=lease_s), start_replica=start_generation)
+    lease_s = 5.0  # at least the Gym watcher's detection time: 1 x (1 + 1) s here
+    fast = {"gym_health_interval_s": 1.0, "gym_health_timeout_s": 1.0, "gym_health_failures": 1}
+    cluster_config = _placement(cluster, lease_timeout_s=lease_s, **fast)
+    replicas = RayGeneration(FAKE, cluster_config, start_replica=start_generation)
     replicas.start()
     try:
         (replica,) = replicas.replicas
@@ -235,7 +237,7 @@ def test_a_replica_whose_lease_is_not_renewed_ends_itself_and_its_server(cluster
         stopped = time.monotonic()
         while any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
                   for pid in (server, actor)):  # fmt: skip
-            assert time.monotonic() - stopped < lease_s + 10, "the replica outlived its lease"
+            assert time.monotonic() - stopped < lease_s + 5, "the replica outlived its lease"
             time.sleep(0.2)
         ended = time.monotonic() - stopped
         print(f"replica ended {ended:.1f} s after the last renewal (lease {lease_s:g} s)")
