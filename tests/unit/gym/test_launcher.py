@@ -20,18 +20,11 @@ from nemo_tau2.gym.launch import FORK_SERVER_LOG, GymServers
 from nemo_tau2.gym.stack import AGENT, USER_MODEL, ModelEndpoint, tau2_stack
 from nemo_tau2.tau2_env.gym_rows import task_row
 from nemo_tau2.testing import start_fake_server
+from tests.process_state import gone
 from tests.sigterm import as_from_a_terminal
 
 FAST_RETRY = {"timeout_s": 3.0, "max_attempts": 2, "backoff_s": 0.05, "max_backoff_s": 0.1}
 REPO = Path(__file__).resolve().parents[3]
-
-
-def _gone(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-    return state in ("Z", "X")
 
 
 def _wait_until(condition, timeout_s: float, what: str) -> None:
@@ -101,7 +94,7 @@ def test_a_killed_server_is_reported_its_episodes_fail_as_infrastructure_and_sto
     assert result.status == INFRASTRUCTURE_ERROR and result.reward is None and "user" in result.error
     pids = servers.process_ids()
     servers.stop()
-    _wait_until(lambda: all(_gone(pid) for pid in pids), 15, f"processes left after stop: {pids}")
+    _wait_until(lambda: all(gone(pid) for pid in pids), 15, f"processes left after stop: {pids}")
 
 
 LAUNCHER = textwrap.dedent(
@@ -130,10 +123,10 @@ def test_a_launcher_interrupted_or_killed_takes_the_fork_server_and_its_servers_
     )
     try:
         pids = json.loads(launcher.stdout.readline())
-        assert len(pids) == 2 and not any(_gone(pid) for pid in pids)
+        assert len(pids) == 2 and not any(gone(pid) for pid in pids)
         launcher.send_signal(how)
         launcher.wait(timeout=30)  # its stop is bounded (~8 s)
     finally:
         launcher.kill()
         launcher.wait()
-    _wait_until(lambda: all(_gone(pid) for pid in pids), 15, f"orphans after the launcher got {how!r}: {pids}")
+    _wait_until(lambda: all(gone(pid) for pid in pids), 15, f"orphans after the launcher got {how!r}: {pids}")

@@ -7,7 +7,6 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import requests
@@ -17,16 +16,9 @@ from nemo_tau2.gym.launch import GymServers, ServerSpec
 from nemo_tau2.gym.stack import RESOURCES_SERVER_CLASS
 from nemo_tau2.lease import LEASE_FILE_ENV, NodeLease, read_expiry
 from nemo_tau2.request_guard import RUN_ID_ENV, RUN_ID_HEADER
+from tests.process_state import gone
 
 LEASE_S = 3.0
-
-
-def _gone(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-    return state in ("Z", "X")
 
 
 def test_a_leased_server_refuses_another_run_and_ends_with_its_lease(tmp_path):
@@ -48,7 +40,7 @@ def test_a_leased_server_refuses_another_run_and_ends_with_its_lease(tmp_path):
         pids = servers.process_ids()
         url = servers.url(spec.name)
         time.sleep(LEASE_S + 1)  # renewed: alive past its first lease
-        assert not any(_gone(pid) for pid in pids)
+        assert not any(gone(pid) for pid in pids)
         other = requests.get(f"{url}/", headers={RUN_ID_HEADER: "run-b"}, timeout=10)
         assert other.status_code == 409
         assert other.json()["detail"] == "this server belongs to run run-a, not to run run-b"
@@ -60,7 +52,7 @@ def test_a_leased_server_refuses_another_run_and_ends_with_its_lease(tmp_path):
         renewer.join()
         stopped = time.monotonic()
         deadline = stopped + LEASE_S + 5
-        while not all(_gone(pid) for pid in pids):
+        while not all(gone(pid) for pid in pids):
             assert time.monotonic() < deadline, f"alive {time.monotonic() - stopped:.1f} s after the last renewal"
             time.sleep(0.1)
         ended_after = time.monotonic() - stopped
@@ -70,7 +62,7 @@ def test_a_leased_server_refuses_another_run_and_ends_with_its_lease(tmp_path):
         renewing.set()
         servers.stop()
         for pid in servers.process_ids():
-            if not _gone(pid):
+            if not gone(pid):
                 os.kill(pid, signal.SIGKILL)
 
 
