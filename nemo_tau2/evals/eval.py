@@ -151,8 +151,8 @@ def summarize(cfg: EvalMasterConfig, raw: DictConfig, log: RolloutLog) -> dict[s
         "num_tests_per_prompt": cfg.eval.num_tests_per_prompt,
         "k_values": cfg.eval.k_values,
         "metrics": metrics,
-        # the episodes left without an outcome, counted by cause (the latest attempt of each; a rerun retries them)
-        "infrastructure_causes": dict(infrastructure_causes(log.latest().values()).most_common()),
+        # the episodes left without an outcome, counted by cause (each one's latest attempt; a rerun retries them)
+        "infrastructure_causes": dict(infrastructure_causes(log).most_common()),
     }
 
 
