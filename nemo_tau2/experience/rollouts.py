@@ -247,6 +247,7 @@ async def run_async_nemo_gym_rollout(
         for name, urls in agent_urls.items()
     }
     limits = {name: _episode_timeout_s(urls, episode_timeout_s) for name, urls in agent_urls.items()}
+    runs = {name: _run(urls) for name, urls in agent_urls.items()}
     gate = asyncio.Semaphore(max_concurrency)
     connector = aiohttp.TCPConnector(limit=max_concurrency + 8)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as http:
@@ -263,7 +264,7 @@ async def run_async_nemo_gym_rollout(
                     watch.running += 1
                 try:
                     status, body = await post_episode(
-                        http, routers[name], str(row_index), orjson.dumps(row), limits[name], _run(agent_urls[name])
+                        http, routers[name], str(row_index), orjson.dumps(row), limits[name], runs[name]
                     )
                 finally:
                     if watch:

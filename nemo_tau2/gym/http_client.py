@@ -103,6 +103,7 @@ class GymHttpClient:
     def __init__(self, connection_limit: int = 4096):
         self._session: aiohttp.ClientSession | None = None
         self._connection_limit = connection_limit
+        self._run_headers = run_headers()  # the server's run (fixed for its life): read once, not per request
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -132,7 +133,7 @@ class GymHttpClient:
         ``retry.max_attempts`` raises :class:`InfrastructureError` naming ``what`` and the last cause.
         """
         data = orjson.dumps(payload)
-        request_headers = {"Content-Type": "application/json", **run_headers(), **(headers or {})}
+        request_headers = {"Content-Type": "application/json", **self._run_headers, **(headers or {})}
         cause = ""
         unreachable = False
         for attempt in range(1, retry.max_attempts + 1):
