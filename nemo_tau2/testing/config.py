@@ -78,8 +78,21 @@ class FakeServerConfig(BaseModel):
     key_field: str = Field(
         "user", description="request field with the conversation key: a top-level field, or 'metadata.<name>'"
     )
-    missing_key: Literal["error", "default"] = Field(
-        "error", description="a request without a key: 400 (error) or answered by default_script (default)"
+    missing_key: Literal["error", "default", "tau2"] = Field(
+        "error",
+        description="a request without a key: 400 (error), answered by default_script (default), or keyed by the "
+        "tau2 task and side recognised in its messages among preload_domains' tasks (tau2: for harnesses that send no "
+        "key, such as tau2's own runner; nemo_tau2.testing.tau2_inferred_keys)",
+    )
+    inferred_key_domains: list[str] = Field(
+        default_factory=list,
+        description="missing_key tau2: the domains whose tasks (tau2.release_tasks' where given) keyless requests are "
+        "matched to",
+    )
+    inferred_key_seeds: dict[int, str] = Field(
+        default_factory=dict,
+        description="missing_key tau2: a request's seed -> '<domain>|<task_id>' (tau2 sends its run's seed on every "
+        "request): names the task where its opening is another task's too",
     )
     default_script: ScriptSpec | None = None
     scripts: dict[str, ScriptSpec] = Field(default_factory=dict, description="scripts for exact keys")
@@ -100,6 +113,11 @@ class FakeServerConfig(BaseModel):
             raise ValueError("missing_key='default' needs a default_script")
         if self.key_field.startswith("metadata.") and not self.key_field.removeprefix("metadata."):
             raise ValueError(f"key_field {self.key_field!r} names no metadata entry")
+        if self.missing_key == "tau2" and (not self.inferred_key_domains or self.tau2 is None):
+            raise ValueError(
+                "missing_key='tau2' needs inferred_key_domains (the domains whose tasks requests are matched to) "
+                "and tau2 scripts enabled"
+            )
         if self.preload_domains and self.tau2 is None:
             raise ValueError("preload_domains needs tau2 scripts enabled (tau2 is null)")
         return self
@@ -117,6 +135,9 @@ class ControlRequest(BaseModel):
     clear_scripts: bool = False
     scripts: dict[str, ScriptSpec] = Field(default_factory=dict, description="scripts to register by exact key")
     tau2: Tau2ScriptsConfig | None = Field(None, description="replace how tau2 keys are played")
+    inferred_key_seeds: dict[int, str] = Field(
+        default_factory=dict, description="seeds to add to FakeServerConfig.inferred_key_seeds (missing_key tau2)"
+    )
     reset_stats: bool = False
     reset_conversations: bool = Field(False, description="forget every key's first request (turn bases)")
     weight_version: int | None = Field(

@@ -30,6 +30,7 @@ from nemo_tau2.testing.scripts import (
     Turn,
     TurnTracker,
 )
+from nemo_tau2.testing.tau2_inferred_keys import Tau2KeyInference
 from nemo_tau2.testing.tau2_provider import Tau2ScriptProvider
 
 
@@ -92,6 +93,11 @@ class FakeEngine:
             if config.preload_domains:
                 self.tau2.preload(config.preload_domains)
         self.default_script = config.default_script.to_script() if config.default_script else None
+        self.inferred_keys = (
+            Tau2KeyInference(config.inferred_key_domains, _seed_tasks(config.inferred_key_seeds))
+            if config.missing_key == "tau2"
+            else None
+        )
         self.tracker = TurnTracker()
         self.faults = FaultInjector()
         for spec in config.faults:  # a fake started by a config (a run's fake_cfg) fails from its first request
@@ -118,6 +124,10 @@ class FakeEngine:
             if self.tau2 is None:
                 raise RequestError("tau2 scripts are disabled in this server's config (tau2: null)")
             self.tau2.config = control.tau2
+        if control.inferred_key_seeds:
+            if self.inferred_keys is None:
+                raise RequestError("inferred_key_seeds needs missing_key 'tau2' in this server's config")
+            self.inferred_keys.seeds |= _seed_tasks(control.inferred_key_seeds)
         if control.reset_stats:
             self.stats = FakeStats()
         if control.reset_conversations:
@@ -136,6 +146,8 @@ class FakeEngine:
         else:
             value = body.get(field_name)
         if value is None or value == "":
+            if self.inferred_keys is not None:
+                return self.inferred_keys.key_of(body)
             return None
         if not isinstance(value, str):
             raise RequestError(f"the conversation key field {field_name!r} must be a string, got {value!r}")
@@ -235,6 +247,16 @@ class FakeEngine:
                 f"({prompt_tokens} in the messages, {max_tokens or 0} in the completion). Please reduce the length "
                 "of the messages or completion."
             )
+
+
+def _seed_tasks(seeds: dict[int, str]) -> dict[int, tuple[str, str]]:
+    tasks = {}
+    for seed, task in seeds.items():
+        domain, sep, task_id = task.partition("|")
+        if not (sep and domain and task_id):
+            raise ValueError(f"inferred_key_seeds[{seed}] is {task!r}; expected '<domain>|<task_id>'")
+        tasks[seed] = (domain, task_id)
+    return tasks
 
 
 def _generate(turn: Turn, token_consistent: bool, max_tokens: int | None) -> tuple[dict[str, Any], list[int]]:

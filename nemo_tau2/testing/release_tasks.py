@@ -51,3 +51,8 @@ def required_documents(domain: str, task_id: str) -> list[str]:
 def write_release_tasks(path: str | Path, tasks_by_domain: dict[str, list[dict[str, Any]]]) -> Path:
     Path(path).write_text(json.dumps(tasks_by_domain))
     return Path(path)
+
+
+def release_task_ids(domain: str) -> list[str]:
+    """The ids of the release tasks read for ``domain``, in the file's order."""
+    return [task_id for task_domain, task_id in _tasks if task_domain == domain]

@@ -90,7 +90,7 @@ class FakeHTTPServer:
         try:
             body = await self._read_json(request)
             key = self.engine.key_of(body) if route == "chat" and isinstance(body, dict) else None
-        except RequestError as e:
+        except _CLIENT_ERRORS as e:  # a malformed key, or a keyless request that names no task
             return _error(str(e))
         if route == "chat":
             stats.requests_by_key[key or ""] += 1
