@@ -22,7 +22,10 @@ from nemo_tau2.testing.faults import FaultSpec
 
 #: Ours at a user's settings for a policy that may hang: 15 s per attempt (--quick: 5 s), 2 attempts (the default is
 #: 600 s x 4); and token ids per turn (training's setting; their side runs vllm_model_for_training).
-OUR_GYM = {"policy_retry": {"timeout_s": 15.0, "max_attempts": 2}, "return_token_ids": True}
+#: The user uncapped, as tau2's own user (our default caps a user message at 1,024 tokens: banking task_078's
+#: scripted opening quotes the whole scenario, ###STOP### at its end, which the cap cuts off).
+OUR_GYM = {"policy_retry": {"timeout_s": 15.0, "max_attempts": 2}, "return_token_ids": True,
+           "user_responses_create_params": {"max_output_tokens": None}}  # fmt: skip
 QUICK_POLICY_TIMEOUT_S = 5.0
 IDLE_S = 5.0
 POLICY_KEYS = r"\|policy$"

@@ -155,6 +155,7 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,16,64")
     parser.add_argument("--their-workers", default="1,2", help="their agent's num_workers settings to sweep")
     parser.add_argument("--tasks-per-domain", type=int, default=4)
+    parser.add_argument("--only", choices=["ours", "theirs"], help="measure one side (no ratios)")
     args = parser.parse_args()
     if args.quick:
         args.concurrency, args.their_workers, args.tasks_per_domain = "1,4", "1", 1
@@ -189,6 +190,7 @@ def main() -> None:
         sides = [Side("ours", ROOT, gym07, tau2_python, fake.base_url, work, None, **common)] + [
             Side("theirs", ROOT, gym07, tau2_python, fake.base_url, work, w, their, **common) for w in workers
         ]
+        sides = [side for side in sides if args.only in (None, side.name)]
         results = {"throughput": [], "rewards": {}, "training": {}, "failures": {}}
         for side in sides:
             with side.start(TheirServers) as running:
@@ -200,6 +202,10 @@ def main() -> None:
                     )
                     results["training"][side.name] = training_probe(running, fake, episodes, rows.for_side)
                     results["failures"][side.name] = failure_probe(running, fake, episodes, rows.for_side, args.quick)
+    if args.only:
+        table(results, [], workers)
+        print(json.dumps({"benchmark": "peer_nemo_gym_tau2", "only": args.only, "throughput": results["throughput"]}))
+        return
     summary = table(results, levels, workers)
     summary |= {"benchmark": "peer_nemo_gym_tau2", "date": date.today().isoformat(), "cpus": os.cpu_count(),
                 "load_avg_1m": round(os.getloadavg()[0], 2), "quick": args.quick, "tasks": len(pool)}  # fmt: skip

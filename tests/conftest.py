@@ -52,6 +52,8 @@ SLOW_MODULES = frozenset(
         "generation/test_endpoint_stop.py",
         "generation/test_llamacpp_backend.py",
         "gym/test_sigterm.py",
+        # NeMo-Gym 0.7.0's own tau2 agent beside ours (bench/peer_nemo_gym_tau2.py --quick: two ng_run stacks)
+        "test_peer_bench.py",
         # the GPU kit's dry run (a process importing the whole torch stack)
         "test_gpu_kit.py",
         # the real vLLM engine (CPU build)

@@ -13,6 +13,7 @@ user endpoint in process or a Gym model server by URL.
 
 import logging
 import random
+from array import array
 from collections.abc import Awaitable, Callable
 
 import orjson
@@ -27,10 +28,19 @@ logger = logging.getLogger(__name__)
 ModelCall = Callable[[EpisodeState, dict], Awaitable[dict]]  # a Responses request -> the Responses object
 
 
+_trial_seeds: dict[int, tuple[random.Random, array]] = {}  # base seed -> its generator and the seeds drawn so far
+
+
 def tau2_trial_seed(base_seed: int, trial: int) -> int:
-    """The seed tau2's ``run_domain`` gives trial ``trial`` (``random.seed(base); randint(0, 1e6)`` per trial)."""
-    rng = random.Random(base_seed)
-    return [rng.randint(0, 1000000) for _ in range(trial + 1)][trial]
+    """The seed tau2's ``run_domain`` gives trial ``trial`` (``random.seed(base); randint(0, 1e6)`` per trial).
+
+    Trial k is the (k + 1)-th draw: drawing them again for every user call cost O(k) each (40 ms at k = 100,000, the
+    agent's hot spot where sample indexes are large), so each base seed's draws are kept (8 bytes each; the row's
+    ``sample_index`` is at most ``MAX_SAMPLE_INDEX``) and extended on demand."""
+    rng, seeds = _trial_seeds.setdefault(base_seed, (random.Random(base_seed), array("q")))
+    while len(seeds) <= trial:
+        seeds.append(rng.randint(0, 1000000))
+    return seeds[trial]
 
 
 class UserSimulator:

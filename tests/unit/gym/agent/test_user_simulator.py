@@ -94,3 +94,15 @@ async def test_verify_regenerations_get_their_own_seed():
     seeds = [json.loads(body["metadata"]["extra_body"])["seed"] for body in record.bodies]
     base = tau2_trial_seed(300, 3)
     assert seeds == [base, base, base + 1, base] and turn.text == "Hi."
+
+
+def test_trial_seeds_are_tau2s_in_any_order_of_asking():
+    """tau2's run_domain: random.seed(base), one randint(0, 1e6) per trial; the agent keeps the draws it made."""
+    import random
+
+    def tau2s(base: int, trial: int) -> int:
+        rng = random.Random(base)
+        return [rng.randint(0, 1000000) for _ in range(trial + 1)][trial]
+
+    asked = [(300, 40_000), (300, 3), (11, 7), (300, 40_001), (300, 0), (11, 0), (12345, 1)]
+    assert [tau2_trial_seed(base, trial) for base, trial in asked] == [tau2s(base, trial) for base, trial in asked]
