@@ -20,15 +20,17 @@ from nemo_tau2.testing import PolicyScriptConfig
 from nemo_tau2.testing.config import ControlRequest
 from nemo_tau2.testing.faults import FaultSpec
 
-#: Ours at a user's settings for a policy that may hang: 15 s per attempt (--quick: 5 s), 2 attempts (the default is
+#: Ours at a user's settings for a policy that may hang: 15 s per attempt (--quick: 4 s), 2 attempts (the default is
 #: 600 s x 4); and token ids per turn (training's setting; their side runs vllm_model_for_training).
-#: The user uncapped, as tau2's own user (our default caps a user message at 1,024 tokens: banking task_078's
-#: scripted opening quotes the whole scenario, ###STOP### at its end, which the cap cuts off).
-OUR_GYM = {"policy_retry": {"timeout_s": 15.0, "max_attempts": 2}, "return_token_ids": True,
-           "user_responses_create_params": {"max_output_tokens": None}}  # fmt: skip
-QUICK_POLICY_TIMEOUT_S = 5.0
-IDLE_S = 5.0
+OUR_GYM = {"policy_retry": {"timeout_s": 15.0, "max_attempts": 2}, "return_token_ids": True}
+#: Tokens per model call: in effect none, as their agent sends none (our default, 1,024, also caps the user, which
+#: plays on the policy's endpoint: banking task_078's scripted opening quotes its whole scenario, ###STOP### at the
+#: end, and the cap cut it off, so ours played on where tau2 stopped).
+MAX_NEW_TOKENS = 16384
+QUICK_POLICY_TIMEOUT_S = 4.0
+IDLE_S = 3.0
 POLICY_KEYS = r"\|policy$"
+SMOLLM2_TASK = "0"  # airline: what a small real model is asked to do, on both sides
 
 
 class OurServers:
@@ -52,9 +54,15 @@ class OurServers:
                                         env=env, start_new_session=True)  # fmt: skip
         request = {"base_url": self.side.base_url, "domains": list(self.side.domains),
                    "tau2_python": str(self.side.tau2), "retrieval_variant": self.side.retrieval_variant,
+                   "max_new_tokens": MAX_NEW_TOKENS,
                    "log_dir": str(self.side.work / "our_servers"), "gym": OUR_GYM}  # fmt: skip
         if self.side.quick:
             request["gym"] = OUR_GYM | {"policy_retry": {"timeout_s": QUICK_POLICY_TIMEOUT_S, "max_attempts": 2}}
+        if self.side.max_steps:
+            request["gym"] = request["gym"] | {"max_steps": self.side.max_steps}
+        if self.side.policy_timeout_s:
+            request["gym"] = request["gym"] | {"policy_retry": {"timeout_s": self.side.policy_timeout_s}}
+        request["model"] = self.side.model
         self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
         line = self.process.stdout.readline()
@@ -88,6 +96,9 @@ class Side:
     domains: tuple[str, ...] = ("airline", "retail", "telecom", "banking_knowledge")
     retrieval_variant: str = "bm25_grep"
     quick: bool = False
+    model: str = "fake-model"
+    max_steps: int | None = None  # tau2's max_steps on both (None: each side's default, 200 on both)
+    policy_timeout_s: float | None = None  # ours, per policy call (None: OUR_GYM's); theirs has no such setting
 
     @property
     def label(self) -> str:
@@ -100,8 +111,8 @@ class Side:
                 running.label, running.side = self.label, self
                 yield running
             return
-        run_dir = self.work / f"theirs_w{self.workers}"
-        with their_servers(self.their, self.base_url, self.workers, run_dir) as running:
+        run_dir = self.work / f"theirs_w{self.workers}_{self.model}"
+        with their_servers(self.their, self.base_url, self.workers, run_dir, self.model, self.max_steps) as running:
             running.label, running.side, running.root = self.label, self, running.session
             yield running
 
@@ -237,7 +248,7 @@ def failure_probe(running, fake, episodes, rows_for, quick: bool) -> dict:
     """The policy endpoint answering 500 to every request, then hanging (never answering): what each side says."""
     side = running.side
     probes = {}
-    for kind, bound_s in (("http_500", 120.0), ("timeout", 20.0 if quick else 60.0)):
+    for kind, bound_s in (("http_500", 120.0), ("timeout", 12.0 if quick else 45.0)):
         _reset(fake)
         fake.control(ControlRequest(faults=[FaultSpec(kind=kind, key_pattern=POLICY_KEYS, count=None, hold_s=3600)]))
         before = fake.stats().faults_by_kind.get(kind, 0)
@@ -252,6 +263,31 @@ def failure_probe(running, fake, episodes, rows_for, quick: bool) -> dict:
     print(f"  {running.label}: failures {json.dumps(probes)[:400]}", file=sys.stderr, flush=True)
     time.sleep(0.5)
     return probes
+
+
+def smollm2_probe(running, rows, tau2_python: Path, count: int) -> dict:
+    """A real model (SmolLM2-135M on llama.cpp) as policy and user: ``count`` episodes of one task, each reward
+    against tau2's own scoring of the trajectory played."""
+    side = running.side
+    posted, wall = post_all(running.agent_url, rows, count, timeout_s=600.0)
+    records = []
+    for p in posted:
+        body = p.body if isinstance(p.body, dict) else {}
+        records.append({**outcome(side.name, p), "trajectory": trajectory(side.name, body)})
+    scored = [r for r in records if r["ok"] and r["trajectory"]]
+    references = rescore(tau2_python, [
+        {"domain": "airline", "task_id": SMOLLM2_TASK, "messages": r["trajectory"][0],
+         "termination_reason": r["trajectory"][1]} for r in scored
+    ])  # fmt: skip
+    for record, reference in zip(scored, references, strict=True):
+        record["tau2_reward"] = reference.get("reward", reference.get("error"))
+    for record in records:
+        turns = record.pop("trajectory") or ([], None)
+        record["messages"], record["termination_reason"] = len(turns[0]), turns[1]
+    print(f"  {running.label}: SmolLM2 {json.dumps(records)[:300]}", file=sys.stderr, flush=True)
+    identical = sum(r.get("tau2_reward") == r["reward"] for r in scored)
+    return {"episodes": count, "wall_s": round(wall, 1), "scored": len(scored), "identical_to_tau2": identical,
+            "records": records}  # fmt: skip
 
 
 def table(results: dict, levels: list[int], workers: list[int]) -> dict:

@@ -16,6 +16,11 @@ servers, Ray where a side runs it; the scripted server apart); what each answer 
 template makes them); a policy endpoint answering 500s, and one hanging. Their ``num_workers`` is swept.
 
     uv run bench/peer_nemo_gym_tau2.py [--quick] [--concurrency 1,16,64] [--their-workers 1,2] [--tasks-per-domain 4]
+        [--only ours|theirs] [--smollm2 N]
+
+``--smollm2 N`` adds N episodes per side with SmolLM2-135M on llama.cpp as policy and user (airline task 0,
+max_steps 8), each reward against tau2's own scoring. It is off by default: tau2's prompts are 6-9k tokens a turn,
+and on the 2-core box two such episodes per side did not finish in 8 minutes.
 
 Needs ``scripts/setup.sh gym07`` and ``tau2-v1`` (found as the tests find them) and the vendored tau2 v1.0.1 source
 (``../shared/vendor/tau2-bench-1.0.1``, or ``$NEMO_TAU2_TAU2_V1_SOURCE``). Last line: JSON.
@@ -30,10 +35,21 @@ import tempfile
 from datetime import date
 from pathlib import Path
 
-from peer_compare import Side, compare_rewards, failure_probe, table, throughput, training_probe
+from peer_compare import (
+    SMOLLM2_TASK,
+    Side,
+    compare_rewards,
+    failure_probe,
+    smollm2_probe,
+    table,
+    throughput,
+    training_probe,
+)
 from peer_theirs import TheirServers, install, their_rows
 
 import nemo_tau2  # noqa: F401  (offline settings before tau2 loads litellm)
+from nemo_tau2.generation import GenerationConfig
+from nemo_tau2.generation.launch import start_generation
 from nemo_tau2.tau2_release.client import KNOWLEDGE_DOMAINS as KNOWLEDGE
 from nemo_tau2.tau2_release.client import TAU2_V1_PYTHON_ENV, Tau2Worker
 from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
@@ -42,7 +58,7 @@ from nemo_tau2.testing import start_fake_server
 from nemo_tau2.testing.config import ControlRequest, FakeServerConfig
 from nemo_tau2.testing.release_tasks import load_release_tasks, write_release_tasks
 from nemo_tau2.testing.scripts import ScriptError
-from nemo_tau2.testing.tau2_scripts import policy_turns
+from nemo_tau2.testing.tau2_scripts import OUT_OF_SCOPE, STOP, TRANSFER, opening_text, policy_turns, task_of
 
 ROOT = Path(__file__).resolve().parents[1]
 DOMAINS = ["airline", "retail", "telecom", "banking_knowledge"]
@@ -110,6 +126,12 @@ def _corruptible(domain: str, task_id: str) -> bool:
     return True
 
 
+def _opens_with_stop(domain: str, task: dict) -> bool:
+    """The scripted user opens with the task's whole scenario where it is one string; some (banking_knowledge's
+    task_078) end with tau2's stop token, so that episode ends at its first message, on both sides alike."""
+    return any(token in opening_text(task_of(domain, str(task["id"]))) for token in (STOP, TRANSFER, OUT_OF_SCOPE))
+
+
 def _gold_calls(task: dict) -> int:
     return sum(
         1 for a in (task.get("evaluation_criteria") or {}).get("actions") or [] if a["requestor"] == "assistant"
@@ -149,22 +171,46 @@ class Rows:
                 for d, t, seed in made]  # fmt: skip
 
 
+SMOLLM2_MAX_STEPS = 8  # a small model on 2 cores, ~10 s a turn: a few turns each (tau2's max_steps, both sides)
+SMOLLM2_POLICY_TIMEOUT_S = 600.0  # ours per policy call, as litellm's default on theirs
+
+
+def smollm2(sides: list[Side], rows: Rows, count: int, tau2_python: Path) -> dict:
+    """The first setting of each side again, policy and user SmolLM2-135M on llama.cpp (16k context, 2 slots)."""
+    from dataclasses import replace
+
+    config = GenerationConfig(backend="llamacpp", llamacpp_cfg={"n_ctx": 16384, "n_parallel": 2},
+                              temperature=1.0, top_p=1.0)  # fmt: skip
+    found = {}
+    with start_generation(config) as llama:
+        for side in {side.name: side for side in reversed(sides)}.values():
+            real = replace(side, base_url=llama.base_urls[0], model=llama.model_name, max_steps=SMOLLM2_MAX_STEPS,
+                           policy_timeout_s=SMOLLM2_POLICY_TIMEOUT_S)  # fmt: skip
+            with real.start(TheirServers) as running:
+                made = [("airline", SMOLLM2_TASK, 900_000 + i) for i in range(count)]
+                found[side.name] = smollm2_probe(running, rows.for_side(side.name, made), tau2_python, count)
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="CI: 1 task per domain, concurrency 1 and 4, 1 worker")
     parser.add_argument("--concurrency", default="1,16,64")
     parser.add_argument("--their-workers", default="1,2", help="their agent's num_workers settings to sweep")
     parser.add_argument("--tasks-per-domain", type=int, default=4)
+    parser.add_argument("--work-dir", type=Path, help="where logs and results.json go (default: a new temp folder)")
     parser.add_argument("--only", choices=["ours", "theirs"], help="measure one side (no ratios)")
+    parser.add_argument("--smollm2", type=int, default=0, help="episodes per side with SmolLM2 on llama.cpp (slow)")
     args = parser.parse_args()
     if args.quick:
-        args.concurrency, args.their_workers, args.tasks_per_domain = "1,4", "1", 1
+        args.concurrency, args.their_workers, args.tasks_per_domain, args.smollm2 = "1,4", "1", 1, 0
     levels = [int(c) for c in args.concurrency.split(",")]
     workers = [int(w) for w in args.their_workers.split(",")]
     gym07, tau2_python, uv, source = (
         _setup_python(GYM07_PYTHON_ENV, "gym07"), _setup_python(TAU2_V1_PYTHON_ENV, "tau2-v1"), _uv(), _tau2_source()
     )  # fmt: skip
-    work = Path(tempfile.mkdtemp(prefix="peer_nemo_gym_tau2_"))
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="peer_nemo_gym_tau2_"))
+    work.mkdir(parents=True, exist_ok=True)
     print(f"work folder {work}; tau2 v1.0.1 from {source}", flush=True)
     their = install(Path.home() / ".cache/nemo-tau2/peer-nemo-gym-tau2", source, gym07, tau2_python, uv)
     release = Tau2ReleaseConfig(version="v1.0.1", python=str(tau2_python), retrieval_variant=RETRIEVAL_VARIANT)
@@ -172,11 +218,12 @@ def main() -> None:
     with Tau2Worker(release) as worker:
         tasks = pick_tasks(worker, args.tasks_per_domain, work)
     pool = [(domain, str(task["id"])) for domain, found in tasks.items() for task in found]
-    longest = max(((d, str(t["id"])) for d, found in tasks.items() for t in found),
+    longest = max(((d, str(t["id"])) for d, found in tasks.items() for t in found if not _opens_with_stop(d, t)),
                   key=lambda dt: _gold_calls(next(t for t in tasks[dt[0]] if str(t["id"]) == dt[1])))  # fmt: skip
     release_file = write_release_tasks(work / "release_tasks.json", tasks)
+    row_tasks = sorted(set(pool) | {("airline", SMOLLM2_TASK)})
     our_rows = {
-        (row["domain"], row["task_id"]): row for row in release_rows(release, DOMAINS, None, [t for _, t in pool])
+        (row["domain"], row["task_id"]): row for row in release_rows(release, DOMAINS, None, [t for _, t in row_tasks])
     }
     fake_config = FakeServerConfig(
         missing_key="tau2", inferred_key_domains=DOMAINS, tau2={"release_tasks": str(release_file)}
@@ -184,7 +231,7 @@ def main() -> None:
     with start_fake_server(fake_config, mode="subprocess", log_file=work / "fake_server.log") as fake:
         episodes = Episodes(pool, fake, longest)
 
-        rows = Rows(our_rows, their_rows(their, source / "data", [(d, t, 0) for d, t in pool], **their_settings))
+        rows = Rows(our_rows, their_rows(their, source / "data", [(d, t, 0) for d, t in row_tasks], **their_settings))
 
         common = {"domains": tuple(DOMAINS), "retrieval_variant": RETRIEVAL_VARIANT, "quick": args.quick}
         sides = [Side("ours", ROOT, gym07, tau2_python, fake.base_url, work, None, **common)] + [
@@ -202,11 +249,17 @@ def main() -> None:
                     )
                     results["training"][side.name] = training_probe(running, fake, episodes, rows.for_side)
                     results["failures"][side.name] = failure_probe(running, fake, episodes, rows.for_side, args.quick)
+        if args.smollm2:
+            results["smollm2"] = smollm2(sides, rows, args.smollm2, tau2_python)
     if args.only:
         table(results, [], workers)
         print(json.dumps({"benchmark": "peer_nemo_gym_tau2", "only": args.only, "throughput": results["throughput"]}))
         return
     summary = table(results, levels, workers)
+    for name, found in results.get("smollm2", {}).items():
+        summary.setdefault("smollm2", {})[name] = {
+            key: found[key] for key in ("episodes", "scored", "identical_to_tau2", "wall_s")
+        } | {"rewards": [record["reward"] for record in found["records"]]}
     summary |= {"benchmark": "peer_nemo_gym_tau2", "date": date.today().isoformat(), "cpus": os.cpu_count(),
                 "load_avg_1m": round(os.getloadavg()[0], 2), "quick": args.quick, "tasks": len(pool)}  # fmt: skip
     (work / "results.json").write_text(json.dumps(results | {"summary": summary}, indent=1, default=str))

@@ -2,9 +2,9 @@
 interpreter, this checkout on ``PYTHONPATH``): resources server, agent and NeMo-Gym model servers of our stack, tau2
 v1.0.1 in its own environment, the policy and the user on an endpoint that is already running.
 
-stdin: one JSON line ``{"base_url", "domains", "tau2_python", "retrieval_variant", "log_dir", "gym"}`` (``gym``:
-``env.nemo_gym`` keys); then it prints one JSON line ``{"agent_url", "startup_s", "nemo_gym"}`` and serves until
-stdin closes.
+stdin: one JSON line ``{"base_url", "domains", "tau2_python", "retrieval_variant", "max_new_tokens", "model",
+"log_dir", "gym"}`` (``gym``: ``env.nemo_gym`` keys); then it prints one JSON line ``{"agent_url", "startup_s",
+"nemo_gym"}`` and serves until stdin closes.
 """
 
 import json
@@ -24,9 +24,10 @@ def main() -> None:
     request = json.loads(sys.stdin.readline())
     policy = GenerationConfig(
         backend="openai",
-        openai_cfg={"base_url": request["base_url"], "model": "fake-model"},
+        openai_cfg={"base_url": request["base_url"], "model": request["model"]},
         temperature=1.0,
         top_p=1.0,
+        max_new_tokens=request["max_new_tokens"],  # the user's too: it plays on this endpoint
     )
     spec = Tau2EnvironmentSpec(
         policy=policy,

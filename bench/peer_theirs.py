@@ -128,8 +128,11 @@ class TheirServers:
     """``ng_run`` of their agent (``num_workers`` uvicorn processes), its policy and user on ``base_url`` through
     NeMo-Gym's ``vllm_model`` (their training config), in a session of its own: ``session`` names its processes."""
 
-    def __init__(self, their: TheirInstall, base_url: str, num_workers: int, run_dir: Path) -> None:
+    def __init__(
+        self, their: TheirInstall, base_url: str, num_workers: int, run_dir: Path, model: str, max_steps: int | None
+    ) -> None:
         self.their, self.base_url, self.num_workers, self.run_dir = their, base_url, num_workers, run_dir
+        self.model, self.max_steps = model, max_steps or 200  # 200: their agent config's
         self.process: subprocess.Popen | None = None
         self.agent_url = ""
         self.startup_s = 0.0
@@ -154,13 +157,13 @@ class TheirServers:
                 "model": "${user_model_name}", "return_token_id_information": False, "uses_reasoning_parser": False}}},
             "tau2_agent": {"responses_api_agents": {"tau2": {
                 "user_model_server": {"type": "responses_api_models", "name": "user_model"},
-                "num_workers": self.num_workers}}},
+                "num_workers": self.num_workers, "max_steps": self.max_steps}}},
         }  # fmt: skip
         (run / "their_tau2.yaml").write_text(yaml.safe_dump(config))
         uv_cache = subprocess.check_output([str(self.their.uv), "cache", "dir"], text=True).strip()
         (run / "env.yaml").write_text(yaml.safe_dump({
-            "policy_base_url": self.base_url, "policy_api_key": "EMPTY", "policy_model_name": "fake-model",
-            "user_base_url": self.base_url, "user_api_key": "EMPTY", "user_model_name": "fake-model",
+            "policy_base_url": self.base_url, "policy_api_key": "EMPTY", "policy_model_name": self.model,
+            "user_base_url": self.base_url, "user_api_key": "EMPTY", "user_model_name": self.model,
             "uv_cache_dir": uv_cache, "uv_venv_dir": str(self.their.venvs), "skip_venv_if_present": True,
             "head_server": {"host": "127.0.0.1", "port": free_port()},
         }))  # fmt: skip

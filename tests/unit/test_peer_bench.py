@@ -27,8 +27,9 @@ TRAINING_FIELDS = {"policy_turns", "turns_with_token_ids", "token_ids_on_output_
 def test_the_quick_bench_runs_both_agents_and_reports_every_field(tmp_path):
     environment_python("NEMO_TAU2_GYM07_PYTHON", "gym07", "NeMo-Gym 0.7.0 (Python 3.13)")
     environment_python("NEMO_TAU2_TAU2_V1_PYTHON", "tau2-v1", "tau2 v1.0.1")
-    env = os.environ | {"UV": str(real_uv()), "TMPDIR": str(tmp_path)}
-    run = subprocess.run([sys.executable, "bench/peer_nemo_gym_tau2.py", "--quick"], cwd=ROOT, env=env,
+    env = os.environ | {"UV": str(real_uv())}
+    command = [sys.executable, "bench/peer_nemo_gym_tau2.py", "--quick", "--work-dir", str(tmp_path / "work")]
+    run = subprocess.run(command, cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=900)  # fmt: skip
     assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
     summary = json.loads(run.stdout.strip().splitlines()[-1])
