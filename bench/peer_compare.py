@@ -54,7 +54,7 @@ class OurServers:
                                         env=env, start_new_session=True)  # fmt: skip
         request = {"base_url": self.side.base_url, "domains": list(self.side.domains),
                    "tau2_python": str(self.side.tau2), "retrieval_variant": self.side.retrieval_variant,
-                   "max_new_tokens": MAX_NEW_TOKENS,
+                   "max_new_tokens": self.side.max_new_tokens,
                    "log_dir": str(self.side.work / "our_servers"), "gym": OUR_GYM}  # fmt: skip
         if self.side.quick:
             request["gym"] = OUR_GYM | {"policy_retry": {"timeout_s": QUICK_POLICY_TIMEOUT_S, "max_attempts": 2}}
@@ -99,6 +99,7 @@ class Side:
     model: str = "fake-model"
     max_steps: int | None = None  # tau2's max_steps on both (None: each side's default, 200 on both)
     policy_timeout_s: float | None = None  # ours, per policy call (None: OUR_GYM's); theirs has no such setting
+    max_new_tokens: int = MAX_NEW_TOKENS  # per model call, policy and user, on both sides
 
     @property
     def label(self) -> str:
@@ -112,7 +113,9 @@ class Side:
                 yield running
             return
         run_dir = self.work / f"theirs_w{self.workers}_{self.model}"
-        with their_servers(self.their, self.base_url, self.workers, run_dir, self.model, self.max_steps) as running:
+        with their_servers(
+            self.their, self.base_url, self.workers, run_dir, self.model, self.max_steps, self.max_new_tokens
+        ) as running:
             running.label, running.side, running.root = self.label, self, running.session
             yield running
 

@@ -19,11 +19,8 @@ template makes them); a policy endpoint answering 500s, and one hanging. Their `
         [--only ours|theirs] [--smollm2 N]
 
 ``--smollm2 N`` adds N episodes per side with SmolLM2-135M on llama.cpp as policy and user (airline task 0,
-max_steps 8), each reward against tau2's own scoring. It is off by default: tau2's prompts are 6-9k tokens a turn,
-and on the 2-core box two such episodes per side did not finish in 8 minutes.
-
-Needs ``scripts/setup.sh gym07`` and ``tau2-v1`` (found as the tests find them) and the vendored tau2 v1.0.1 source
-(``../shared/vendor/tau2-bench-1.0.1``, or ``$NEMO_TAU2_TAU2_V1_SOURCE``). Last line: JSON.
+max_steps 8, 256 tokens a call on both sides), each reward against tau2's own scoring: ~3.5 minutes for N = 2 on
+2 cores (two more stack start-ups, 6-9k-token prompts), so it is off by default to keep the run under 10 minutes.
 """
 
 import argparse
@@ -172,6 +169,7 @@ class Rows:
 
 
 SMOLLM2_MAX_STEPS = 8  # a small model on 2 cores, ~10 s a turn: a few turns each (tau2's max_steps, both sides)
+SMOLLM2_MAX_TOKENS = 256  # per call, policy and user, on both sides: uncapped, a small model rambles for minutes
 SMOLLM2_POLICY_TIMEOUT_S = 600.0  # ours per policy call, as litellm's default on theirs
 
 
@@ -185,10 +183,18 @@ def smollm2(sides: list[Side], rows: Rows, count: int, tau2_python: Path) -> dic
     with start_generation(config) as llama:
         for side in {side.name: side for side in reversed(sides)}.values():
             real = replace(side, base_url=llama.base_urls[0], model=llama.model_name, max_steps=SMOLLM2_MAX_STEPS,
-                           policy_timeout_s=SMOLLM2_POLICY_TIMEOUT_S)  # fmt: skip
+                           policy_timeout_s=SMOLLM2_POLICY_TIMEOUT_S, max_new_tokens=SMOLLM2_MAX_TOKENS)  # fmt: skip
             with real.start(TheirServers) as running:
                 made = [("airline", SMOLLM2_TASK, 900_000 + i) for i in range(count)]
-                found[side.name] = smollm2_probe(running, rows.for_side(side.name, made), tau2_python, count)
+                capped = [
+                    row
+                    | {
+                        "responses_create_params": row["responses_create_params"]
+                        | {"max_output_tokens": SMOLLM2_MAX_TOKENS}
+                    }
+                    for row in rows.for_side(side.name, made)
+                ]
+                found[side.name] = smollm2_probe(running, capped, tau2_python, count)
     return found
 
 

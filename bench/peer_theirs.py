@@ -129,10 +129,18 @@ class TheirServers:
     NeMo-Gym's ``vllm_model`` (their training config), in a session of its own: ``session`` names its processes."""
 
     def __init__(
-        self, their: TheirInstall, base_url: str, num_workers: int, run_dir: Path, model: str, max_steps: int | None
+        self,
+        their: TheirInstall,
+        base_url: str,
+        num_workers: int,
+        run_dir: Path,
+        model: str,
+        max_steps: int | None,
+        max_tokens: int,
     ) -> None:
         self.their, self.base_url, self.num_workers, self.run_dir = their, base_url, num_workers, run_dir
         self.model, self.max_steps = model, max_steps or 200  # 200: their agent config's
+        self.max_tokens = max_tokens  # the user's, through their user_llm_args (the policy's: the row's)
         self.process: subprocess.Popen | None = None
         self.agent_url = ""
         self.startup_s = 0.0
@@ -157,7 +165,8 @@ class TheirServers:
                 "model": "${user_model_name}", "return_token_id_information": False, "uses_reasoning_parser": False}}},
             "tau2_agent": {"responses_api_agents": {"tau2": {
                 "user_model_server": {"type": "responses_api_models", "name": "user_model"},
-                "num_workers": self.num_workers, "max_steps": self.max_steps}}},
+                "num_workers": self.num_workers, "max_steps": self.max_steps,
+                "user_llm_args": {"max_tokens": self.max_tokens}}}},
         }  # fmt: skip
         (run / "their_tau2.yaml").write_text(yaml.safe_dump(config))
         uv_cache = subprocess.check_output([str(self.their.uv), "cache", "dir"], text=True).strip()
