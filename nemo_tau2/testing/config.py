@@ -2,7 +2,7 @@
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from nemo_tau2.testing.faults import FaultSpec
 from nemo_tau2.testing.scripts import DEFAULT_CLOSING_TEXT, ToolCallSpec, Turn, TurnListScript, WhenExhausted
@@ -81,7 +81,7 @@ class FakeServerConfig(BaseModel):
     missing_key: Literal["error", "default", "tau2"] = Field(
         "error",
         description="a request without a key: 400 (error), answered by default_script (default), or keyed by the "
-        "tau2 task and side recognised in its messages among preload_domains' tasks (tau2: for harnesses that send no "
+        "tau2 task and side recognised in it among inferred_key_domains' tasks (tau2: for harnesses that send no "
         "key, such as tau2's own runner; nemo_tau2.testing.tau2_inferred_keys)",
     )
     inferred_key_domains: list[str] = Field(
@@ -106,6 +106,11 @@ class FakeServerConfig(BaseModel):
     faults: list[FaultSpec] = Field(
         default_factory=list, description="fault rules active from the start (as POST /fake/control adds them)"
     )
+
+    @field_validator("inferred_key_seeds")
+    @classmethod
+    def _seed_tasks_named(cls, value: dict[int, str]) -> dict[int, str]:
+        return _checked_seed_tasks(value)
 
     @model_validator(mode="after")
     def _default_script_if_used(self) -> "FakeServerConfig":
@@ -138,8 +143,28 @@ class ControlRequest(BaseModel):
     inferred_key_seeds: dict[int, str] = Field(
         default_factory=dict, description="seeds to add to FakeServerConfig.inferred_key_seeds (missing_key tau2)"
     )
+
+    @field_validator("inferred_key_seeds")
+    @classmethod
+    def _seed_tasks_named(cls, value: dict[int, str]) -> dict[int, str]:
+        return _checked_seed_tasks(value)
+
     reset_stats: bool = False
     reset_conversations: bool = Field(False, description="forget every key's first request (turn bases)")
     weight_version: int | None = Field(
         None, ge=0, description="the label completions report from now on, as if new weights had loaded"
     )
+
+
+def seed_task(seed: int, task: str) -> tuple[str, str]:
+    """``(domain, task_id)`` of an ``inferred_key_seeds`` entry ``'<domain>|<task_id>'``; ValueError naming it."""
+    domain, sep, task_id = task.partition("|")
+    if not (sep and domain and task_id):
+        raise ValueError(f"inferred_key_seeds[{seed}] is {task!r}; expected '<domain>|<task_id>'")
+    return domain, task_id
+
+
+def _checked_seed_tasks(seeds: dict[int, str]) -> dict[int, str]:
+    for seed, task in seeds.items():
+        seed_task(seed, task)
+    return seeds

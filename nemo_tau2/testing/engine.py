@@ -18,7 +18,7 @@ from uuid import uuid4
 import orjson
 
 import nemo_tau2.testing.chat_tokens as chat_tokens
-from nemo_tau2.testing.config import ControlRequest, FakeServerConfig
+from nemo_tau2.testing.config import ControlRequest, FakeServerConfig, seed_task
 from nemo_tau2.testing.embeddings import EmbeddingRequestError, embeddings_answer
 from nemo_tau2.testing.faults import FaultInjector
 from nemo_tau2.testing.scripts import (
@@ -250,13 +250,7 @@ class FakeEngine:
 
 
 def _seed_tasks(seeds: dict[int, str]) -> dict[int, tuple[str, str]]:
-    tasks = {}
-    for seed, task in seeds.items():
-        domain, sep, task_id = task.partition("|")
-        if not (sep and domain and task_id):
-            raise ValueError(f"inferred_key_seeds[{seed}] is {task!r}; expected '<domain>|<task_id>'")
-        tasks[seed] = (domain, task_id)
-    return tasks
+    return {seed: seed_task(seed, task) for seed, task in seeds.items()}  # checked by the config models
 
 
 def _generate(turn: Turn, token_consistent: bool, max_tokens: int | None) -> tuple[dict[str, Any], list[int]]:

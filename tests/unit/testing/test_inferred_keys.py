@@ -75,9 +75,8 @@ def test_what_names_no_task_is_refused_in_words():
         telecom.key_of({"messages": policy[:1] + [{"role": "user", "content": _telecom_opening()}]})
     with pytest.raises(ValueError, match="inferred_key_seeds\\[3\\] is 'telecom'"):
         FakeServerConfig(missing_key="tau2", inferred_key_domains=["telecom"], inferred_key_seeds={3: "telecom"})
-        start_fake_server(
-            FakeServerConfig(missing_key="tau2", inferred_key_domains=["telecom"], inferred_key_seeds={3: "telecom"})
-        )
+    with pytest.raises(ValueError, match="inferred_key_seeds\\[3\\] is 'telecom'"):  # POST /fake/control: a 400
+        ControlRequest(inferred_key_seeds={3: "telecom"})
     with pytest.raises(ValueError, match="inferred_key_domains"):
         FakeServerConfig(missing_key="tau2")
 
