@@ -3,7 +3,6 @@ against tau2's own scoring, training data per policy turn, and a failing policy 
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-from peer_measure import CpuMeter, Posted, our_turns, post_all, side_pids, their_turns, training_data
+from peer_measure import CpuMeter, Posted, kill_side, our_turns, post_all, their_turns, training_data
 
 from nemo_tau2.testing import PolicyScriptConfig
 from nemo_tau2.testing.config import ControlRequest
@@ -78,8 +77,7 @@ class OurServers:
         try:
             self.process.wait(60)
         except subprocess.TimeoutExpired:
-            for pid in side_pids(self.process.pid):
-                os.kill(pid, signal.SIGKILL)
+            kill_side(self.process.pid)
             self.process.wait()
 
 
@@ -120,7 +118,7 @@ class Side:
             yield running
 
 
-def outcome(side: str, posted: Posted) -> dict:
+def outcome(posted: Posted) -> dict:
     """What one ``/run`` came back with: ok (a scored episode), its reward, and otherwise what was said."""
     body = posted.body if isinstance(posted.body, dict) else {}
     failure = body.get("_ng_failure_class")
@@ -163,7 +161,7 @@ def throughput(running, fake, levels, episodes, rows_for, quick: bool) -> list[d
         engine.start()
         posted, wall = post_all(running.agent_url, made, level)
         cpu, engine_cpu = ours.stop(), engine.stop()
-        outcomes = [outcome(side.name, p) for p in posted]
+        outcomes = [outcome(p) for p in posted]
         good = [o for o in outcomes if o["ok"]]
         rows.append({
             "side": running.label, "concurrency": level, "episodes": count, "ok": len(good),
@@ -202,7 +200,7 @@ def compare_rewards(running, fake, episodes, rows_for, tau2_python: Path, mistak
         posted, _ = post_all(running.agent_url, rows_for(side.name, pool), 8)
         for (domain, task_id, _seed), p in zip(pool, posted, strict=True):
             body = p.body if isinstance(p.body, dict) else {}
-            records.append({"variant": policy, "domain": domain, "task_id": task_id, **outcome(side.name, p),
+            records.append({"variant": policy, "domain": domain, "task_id": task_id, **outcome(p),
                             "trajectory": trajectory(side.name, body)})  # fmt: skip
     _reset(fake)
     scored = [r for r in records if r["ok"] and r["trajectory"]]
@@ -244,7 +242,7 @@ def training_probe(running, fake, episodes, rows_for) -> dict:
         turns, on_items = our_turns(body), True
     else:
         turns, on_items = their_turns(body)
-    return {"task": list(made[0][:2]), **outcome(side.name, posted)} | training_data(turns, policy_calls, on_items)
+    return {"task": list(made[0][:2]), **outcome(posted)} | training_data(turns, policy_calls, on_items)
 
 
 def failure_probe(running, fake, episodes, rows_for, quick: bool) -> dict:
@@ -256,7 +254,7 @@ def failure_probe(running, fake, episodes, rows_for, quick: bool) -> dict:
         fake.control(ControlRequest(faults=[FaultSpec(kind=kind, key_pattern=POLICY_KEYS, count=None, hold_s=3600)]))
         before = fake.stats().faults_by_kind.get(kind, 0)
         (posted,), _ = post_all(running.agent_url, rows_for(side.name, episodes(1)), 1, timeout_s=bound_s)
-        result = outcome(side.name, posted)
+        result = outcome(posted)
         result["policy_requests_failed"] = fake.stats().faults_by_kind.get(kind, 0) - before
         result["scored_as"] = ("a reward of 0 (failure scored)" if posted.status == 200 and result["reward"] == 0
                                else "no reward (infrastructure failure)" if posted.status else
@@ -276,7 +274,7 @@ def smollm2_probe(running, rows, tau2_python: Path, count: int) -> dict:
     records = []
     for p in posted:
         body = p.body if isinstance(p.body, dict) else {}
-        records.append({**outcome(side.name, p), "trajectory": trajectory(side.name, body)})
+        records.append({**outcome(p), "trajectory": trajectory(side.name, body)})
     scored = [r for r in records if r["ok"] and r["trajectory"]]
     references = rescore(tau2_python, [
         {"domain": "airline", "task_id": SMOLLM2_TASK, "messages": r["trajectory"][0],

@@ -2,7 +2,9 @@
 client, the CPU time of a side's processes, and what each answer holds for training."""
 
 import asyncio
+import contextlib
 import os
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,6 +77,13 @@ def side_pids(root: int) -> set[int]:
         found |= children
         grown = bool(children)
     return found & set(parents)
+
+
+def kill_side(root: int) -> None:
+    """SIGKILL to what is left of a side: ``root``'s session and descendants (Ray's agents outlive ``ng_run``)."""
+    for pid in side_pids(root):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def cpu_seconds(pids: set[int]) -> float:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from peer_measure import kill_side
 from peer_tau2_shim import SHIM_REVISION, apply_shim
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -212,9 +213,7 @@ class TheirServers:
             self.process.send_signal(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(30)
-        for pid in session_pids(self.session):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_side(self.session)
         self.process.wait()
 
 
@@ -225,20 +224,6 @@ def _agent_url(log: str) -> str | None:
         return None
     found = re.search(r"'url': '([^']+)'", log[at:])
     return found.group(1) if found else None
-
-
-def session_pids(session: int) -> list[int]:
-    """Live processes of a session (``/proc/<pid>/stat`` field 6)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[3]) == session:
-                pids.append(int(entry.name))
-    return pids
 
 
 def their_rows(their: TheirInstall, tau2_data: Path, episodes: list[tuple[str, str, int]], **settings) -> list[dict]:
