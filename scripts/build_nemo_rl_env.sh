@@ -97,6 +97,15 @@ imports_ok() {
 import nemo_rl.environments.nemo_gym, nemo_rl.experience.rollouts, nemo_rl.algorithms.grpo, nemo_rl.utils.config
 import nemo_rl.data.processors, nemo_gym.cli, nemo_gym.rollout_collection" >/dev/null 2>&1
 }
+# a stamped folder: every module above still found (their import, torch's and Ray's included, ran before the stamp)
+reuse_ok() {
+  "$ENV_DIR/bin/python" -c "
+import importlib.util, sys
+modules = ['nemo_rl.environments.nemo_gym', 'nemo_rl.experience.rollouts', 'nemo_rl.algorithms.grpo',
+           'nemo_rl.utils.config', 'nemo_rl.data.processors', 'nemo_gym.cli', 'nemo_gym.rollout_collection',
+           'torch', 'ray', 'transformers']
+sys.exit(any(importlib.util.find_spec(module) is None for module in modules))" >/dev/null 2>&1
+}
 
 env_cache_reuse_or_lock  # one build at a time per folder; a finished one is reused
 

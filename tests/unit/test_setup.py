@@ -91,6 +91,33 @@ def test_the_build_scripts_rule_reuses_a_stamped_environment_rebuilds_any_other_
     assert "reusing" in build("probe 3").stderr
 
 
+def test_a_build_with_a_reuse_check_reuses_on_it_alone_and_rebuilds_when_it_fails(tmp_path):
+    """A build script that defines reuse_ok (NeMo-RL's: its full import takes ~26 s): a stamped folder is reused on
+    that check alone, without the full one; when it fails (a module gone), the folder is built again."""
+    folder = tmp_path / "env"
+    # the full check is slow here: it counts its runs; the reuse check looks for a marker file
+    script = MINIATURE_BUILD.replace(
+        "imports_ok() {",
+        'reuse_ok() { [ -x "$ENV_DIR/bin/python" ] && [ ! -e "$ENV_DIR/module_gone" ]; }\n'
+        'imports_ok() { echo x >> "$ENV_DIR.full_checks";',
+    )
+
+    def build() -> subprocess.CompletedProcess:
+        command = ["bash", "-c", script, "build", str(ENV_CACHE), str(folder), "probe 1", sys.executable]
+        return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+    first = build()
+    assert first.returncode == 0 and "ready" in first.stderr, first.stderr
+    checks = tmp_path / "env.full_checks"
+    assert checks.read_text() == "x\n"  # the full check before the stamp
+    again = build()
+    assert again.returncode == 0 and again.stderr == f"[probe] reusing {folder} (probe 1)\n"
+    assert checks.read_text() == "x\n"  # reused on the cheap check alone
+    (folder / "module_gone").touch()
+    rebuilt = build()
+    assert rebuilt.returncode == 0 and "building" in rebuilt.stderr and not (folder / "module_gone").exists()
+
+
 BUILD_ONCE = """
 import sys, time
 from pathlib import Path
