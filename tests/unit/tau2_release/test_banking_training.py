@@ -4,6 +4,9 @@ not have, in one line naming both ways out (a split of ours, or an explicit list
 GRPO's rows of it come from the release (the variant's prompt and tools), each saying its split and variant."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +21,7 @@ from nemo_tau2.testing.warm_start import build_tiny_policy
 from tests.tau2_v1_env import tau2_v1_python
 
 DOMAIN = "banking_knowledge"
+ROOT = Path(__file__).resolve().parents[3]
 CONFIGS = {
     "grpo": ("examples/configs/grpo_tau2_cpu_smoke.yaml", GRPOMasterConfig),
     "rft": ("examples/configs/rft_tau2_cpu_smoke.yaml", RFTMasterConfig),
@@ -105,3 +109,64 @@ def test_one_grpo_step_on_banking_trains_on_its_episodes_and_its_checkpoint_name
     with pytest.raises(ValueError, match=r"was trained with retrieval variant bm25_grep, this run plays grep_only "):
         grpo.setup(other, *grpo.load_rows(other))
     assert grpo.train(s, [], 1) == {}  # every generation cut at its first turn: no update, a warning
+
+
+def _script(name: str, *arguments: str) -> str:
+    """One of examples/ as a user runs it (the project's interpreter, from the root); its output, or the failure's."""
+    run = subprocess.run([sys.executable, f"examples/{name}", *arguments], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)  # fmt: skip
+    assert run.returncode == 0, f"{name}: exit {run.returncode}\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+    return run.stdout
+
+
+def _trained_on(checkpoints: Path) -> tuple[str, str]:
+    latest = max(checkpoints.glob("step_*"), key=lambda path: int(path.name[5:]))
+    state = json.loads((latest / "trainer_state.json").read_text())
+    return state["tau2_version"], state["retrieval_variant"]
+
+
+def test_sft_on_the_oracles_banking_episodes_then_an_rft_round_train_the_tiny_policy_and_name_the_variant(tmp_path):
+    """The SFT/RFT path on banking_knowledge, script by script as the docstrings type it: the oracle teacher plays a
+    banking task on the release (its gold, its scenario, bm25_grep), its episodes become SFT rows in the tiny policy's
+    tokens, run_sft.py fine-tunes on them and validates by playing the task through the Gym servers, and run_rft.py
+    samples that model on the task and fine-tunes on its own episodes. Each checkpoint names the release and variant,
+    each validation episode its variant."""
+    smoke = validate_config(load_config(CONFIGS["grpo"][0]), GRPOMasterConfig)
+    policy = build_tiny_policy(smoke.tiny_policy, grpo.load_rows(smoke)[0], tmp_path / "policy")
+    release = ["tau2.version=v1.0.1", f"tau2.python={tau2_v1_python()}", "tau2.retrieval_variant=bm25_grep"]
+    oracle = tmp_path / "oracle.jsonl"
+    _script("oracle_sft_data.py", "--domains", DOMAIN, "--split", "base", "--task-ids", "task_001", "--compact-rows",
+            "--samples-per-task", "2", "--output", str(oracle), *release)  # fmt: skip
+    conversations = [json.loads(line) for line in oracle.read_text().splitlines()]
+    assert [(c["task_id"], c["tau2_version"], c["retrieval_variant"], c["reward"]) for c in conversations] == [
+        ("task_001", "v1.0.1", "bm25_grep", 1.0)] * 2  # fmt: skip
+    rows = tmp_path / "sft_rows.jsonl"
+    _script("prepare_sft_data.py", "--conversations", str(oracle), "--tokenizer", str(policy), "--output", str(rows),
+            *release)  # fmt: skip
+    # the scripted user plays the release's scenario: the tasks the oracle script wrote beside its output
+    scenario = f"++user.generation.fake_cfg.tau2.release_tasks={oracle.with_name('oracle.release_tasks.json')}"
+    on_banking = [f"data.domains=[{DOMAIN}]", "data.task_ids=[task_001]", "logger.tensorboard_enabled=false",
+                  *(f"++{override}" for override in release), scenario]  # fmt: skip
+    _script("run_sft.py", "--config", CONFIGS["sft"][0], f"policy.model_name={policy}", f"data.train_data_path={rows}",
+            f"data.val_data_path={rows}", "data.val_split=base", "sft.max_num_steps=4", "sft.max_num_epochs=4",
+            "sft.val_period=0", "sft.val_at_start=false", "sft.val_num_generations_per_prompt=2",
+            f"checkpointing.checkpoint_dir={tmp_path / 'sft'}", "checkpointing.save_period=2",
+            f"logger.log_dir={tmp_path / 'sft_logs'}", *on_banking)  # fmt: skip
+    steps = [json.loads(line) for line in (tmp_path / "sft_logs/metrics.jsonl").read_text().splitlines()]
+    losses = [step["train/loss"] for step in steps if "train/loss" in step]
+    assert len(losses) == 4 and losses[-1] < losses[0], losses
+    assert _trained_on(tmp_path / "sft") == ("v1.0.1", "bm25_grep")
+    played = (tmp_path / "sft_logs/validation/step_4/rollouts.jsonl").read_text().splitlines()
+    assert [(r["task_id"], r["retrieval_variant"], r["status"]) for r in map(json.loads, played)] == [
+        ("task_001", "bm25_grep", "ok")] * 2  # fmt: skip
+    # RFT from the fine-tuned model; every episode kept (min_reward 0): the tiny policy rarely solves a banking task,
+    # and what is checked is that a round samples, keeps and fine-tunes on its own banking episodes
+    _script("run_rft.py", "--config", CONFIGS["rft"][0], f"policy.model_name={tmp_path / 'sft/final_hf'}",
+            "data.train_split=base", "data.val_split=null", "rft.num_rounds=1", "rft.num_generations_per_prompt=4",
+            "rft.num_epochs_per_round=2", "rft.val_at_start=false", "rft.min_reward=0.0",
+            f"checkpointing.checkpoint_dir={tmp_path / 'rft'}", f"logger.log_dir={tmp_path / 'rft_logs'}",
+            *on_banking)  # fmt: skip
+    (round_1,) = [json.loads(line) for line in (tmp_path / "rft_logs/metrics.jsonl").read_text().splitlines()]
+    assert round_1["train/rollout/num_episodes"] == 4 and round_1["train/rollout/num_infrastructure_errors"] == 0
+    assert round_1["rft/num_kept"] >= 1 and round_1["train/loss"] > 0, round_1
+    assert _trained_on(tmp_path / "rft") == ("v1.0.1", "bm25_grep")
