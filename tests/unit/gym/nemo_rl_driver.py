@@ -201,6 +201,8 @@ def _train_step_batch(result, config, tokenizer, rollout_s: float) -> dict:
                 "turns": sum(m["role"] == "assistant" for m in log),
                 "generated_tokens": generated,
                 "numeric_keys": sorted(k for k, v in full.items() if isinstance(v, (bool, int, float))),
+                "retrieval_variant": full.get("retrieval_variant"),  # banking_knowledge's (None elsewhere)
+                "retrieval_keys": sorted(full.get("retrieval") or {}),  # what its searches and unlocks found
             }
         )
     token_mask = flat["token_loss_mask"]

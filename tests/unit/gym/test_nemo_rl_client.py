@@ -6,16 +6,20 @@ which ``nemo-gym==0.7.0`` made unsatisfiable), converts every episode with its c
 GRPO's batch (nemo_rl_driver.py says what is stood in and why). From a working directory that is not the project
 root, as docs/nemo-rl.md types it: rows from examples/prepare_data.py, ``NEMO_GYM_EXTRA_ROOTS`` naming the checkout.
 
-Two runs in one NeMo-RL process (its imports and Ray once): GRPO on tau2 v0.2.1 with the oracle (two samples of one
-task per domain) and the v1.0.1 eval (trajectory collection, tau2 v1.0.1's own scoring through our worker). A real
-model's episode runs in test_nemo_rl_client_gym04.py (the two modules run side by side in CI)."""
+Three runs in one NeMo-RL process (its imports and Ray once): GRPO on tau2 v0.2.1 with the oracle (two samples of one
+task per domain), the v1.0.1 eval (trajectory collection, tau2 v1.0.1's own scoring through our worker), and GRPO on
+banking_knowledge (grpo_tau2_banking.yaml: a task of our own seeded split on bm25_grep, its retrieval recorded). A
+real model's episode runs in test_nemo_rl_client_gym04.py (the two modules run side by side in CI)."""
 
 import shutil
 
 import pytest
 
 from nemo_tau2.generation.smollm2 import smollm2_hf_dir
+from nemo_tau2.tau2_release.client import Tau2Worker
+from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
 from nemo_tau2.testing import start_fake_server
+from nemo_tau2.testing.release_tasks import write_release_tasks
 from tests.env_python import environment_python
 from tests.tau2_v1_env import tau2_v1_python
 from tests.unit.gym.cli_shell import clean_copy, uv_cache_dir
@@ -31,6 +35,7 @@ from tests.unit.gym.nemo_rl_client import (
 )
 
 V1_TASKS = "5,[service_issue]airplane_mode_on|lock_sim_card_pin[PERSONA:Easy]"  # airline 5, retail 5, telecom
+BANKING = "banking_knowledge"
 
 
 @pytest.fixture(scope="module")
@@ -45,15 +50,24 @@ def nemo_rl_runs(tmp_path_factory):
     # v1.0.1 tasks whose gold v1.0.1 left as v0.2.1 had it (the scripted oracle plays v0.2.1's gold)
     prepare_rows(workdir, "data/tau2_v1/test.jsonl", "--split", "base", "--task-ids", V1_TASKS,
                  "tau2.version=v1.0.1", f"tau2.python={v1_python}")  # fmt: skip
-    for release in ("tau2", "tau2_v1"):
+    # banking_knowledge as grpo_tau2_banking.yaml's comment types it: the first task of our seeded test split
+    prepare_rows(workdir, "data/banking/test.jsonl", "--domains", BANKING, "--split", "ours_seed0_test",
+                 "--num-tasks", "1", "tau2.version=v1.0.1", "tau2.retrieval_variant=bm25_grep",
+                 f"tau2.python={v1_python}")  # fmt: skip
+    for release in ("tau2", "tau2_v1", "banking"):
         shutil.copy(workdir / "data" / release / "test.jsonl", workdir / "data" / release / "train.jsonl")
     base = machine_overrides(smollm2_hf_dir(), uv_cache_dir())
-    with start_fake_server(mode="subprocess") as fake:
+    with Tau2Worker(Tau2ReleaseConfig(version="v1.0.1", python=v1_python)) as worker:  # the oracle plays its gold
+        banking = {BANKING: worker.request("tasks", domain=BANKING, split=None)}
+    scripts = {"release_tasks": str(write_release_tasks(workdir / "banking_tasks.json", banking))}
+    with start_fake_server(mode="subprocess", tau2=scripts) as fake:
         runs = [
             Run("grpo_v021_oracle", str(CONFIGS / "grpo_tau2.yaml"), fake.base_url,
                 [*base, "grpo.val_num_generations_per_prompt=2"]),
             Run("eval_v101_oracle", str(CONFIGS / "eval_tau2_v1.yaml"), fake.base_url,
                 [*base, "data.validation.repeat=1", "++env.nemo_gym.skip_venv_if_present=true"]),
+            Run("grpo_banking_oracle", str(CONFIGS / "grpo_tau2_banking.yaml"), fake.base_url,
+                [*base, "grpo.val_num_generations_per_prompt=2", "++env.nemo_gym.skip_venv_if_present=true"]),
         ]  # fmt: skip
         env = nemo_rl_environment(
             python,
@@ -85,6 +99,21 @@ def test_the_v101_eval_is_tau2_v101s_scoring_through_nemo_rls_trajectory_collect
     (batch,) = run["batches"]
     check_oracle_batch(batch, episodes=3)
     check_metric_keys(batch)
+
+
+def test_grpo_on_banking_knowledge_plays_a_task_of_our_split_with_its_retrieval_recorded(nemo_rl_runs):
+    """The shipped banking config as NeMo-RL runs it: its rows (our seeded split, bm25_grep) through its NemoGym
+    actor, the oracle's episodes scored 1.0 by tau2 v1.0.1, each carrying its variant and what its searches found."""
+    run = nemo_rl_runs["grpo_banking_oracle"]
+    assert not run["is_trajectory_collection"] and run["validation_rows"] == 1
+    (batch,) = run["batches"]
+    check_oracle_batch(batch, episodes=2)
+    check_metric_keys(batch)
+    episodes = batch["episodes"]
+    assert {(e["domain"], e["retrieval_variant"]) for e in episodes} == {(BANKING, "bm25_grep")}
+    assert len({e["task_id"] for e in episodes}) == 1
+    found = {"searches", "documents_found", "document_recall", "tools_unlocked", "unlock_recall"}
+    assert all(found <= set(e["retrieval_keys"]) for e in episodes), episodes
 
 
 def test_the_shipped_configs_have_every_key_nemo_rls_own_grpo_config_has(nemo_rl_runs):
