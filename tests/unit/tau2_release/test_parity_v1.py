@@ -143,3 +143,22 @@ def test_banking_knowledge_scores_as_tau2_v1_scores_it_with_its_runners_argument
     for kind in ("call_without_unlock", "no_verification", "wrong_write"):
         assert any(key.endswith(f"/{kind}") and ours[key]["reward"] == 0.0 for key in ours), kind
     assert any(key.endswith("/extra_reads") for key in ours)
+
+
+def test_telecom_workflow_scores_as_tau2_v1_scores_it_under_its_own_policy(worker, judge):
+    """telecom-workflow, the domain v1.0.1 registers for telecom under tau2's workflow policy: every 20th base task's
+    oracle and perturbations scored by our worker and by tau2 v1.0.1 itself, identical, the oracle 1.0; the agent's
+    prompt is the workflow policy, not telecom's."""
+    domain = "telecom-workflow"
+    prompts = {name: worker.request("agent_system_prompt", domain=name) for name in ("telecom", domain)}
+    assert prompts[domain] != prompts["telecom"] and "workflow" in prompts[domain].lower()
+    greeting = worker.request("greeting")
+    tasks = worker.request("tasks", domain=domain, split="base")[::20]
+    references = start_references({domain: tasks}, judge.base_url)
+    ours = {}
+    for task in tasks:
+        for name, script in episode_scripts(task, greeting).items():
+            ours[f"{domain}/{task['id']}/{name}"] = summary(play(worker, domain, task["id"], script))
+    assert_same_as_tau2(ours, reference_results(references))
+    assert len(tasks) == 6 and all(ours[key]["reward"] == 1.0 for key in ours if key.endswith("/oracle"))
+    assert any(ours[key]["reward"] == 0.0 for key in ours if not key.endswith("/oracle"))
