@@ -38,6 +38,7 @@ from nemo_tau2.algorithms.async_collector import AsyncCollector
 from nemo_tau2.algorithms.curriculum import TaskCurriculum, record_successes
 from nemo_tau2.algorithms.grpo_config import GRPOMasterConfig
 from nemo_tau2.algorithms.loss import ClippedPGLossFn
+from nemo_tau2.algorithms.prompt_fit import check_prompts_fit
 from nemo_tau2.algorithms.sampling import DynamicSampler, EpisodeGroup, flatten_groups, score_rollouts
 from nemo_tau2.algorithms.train_rollouts import TrainRolloutLog, failure_causes
 from nemo_tau2.algorithms.training_setup import (  # noqa: F401  (resumable_checkpoint, checkpoint_step: this module's API)
@@ -109,6 +110,8 @@ def setup(cfg: GRPOMasterConfig, train_rows: list[dict], val_rows: list[dict]) -
     """Start the trainer, the generation backend, the tau2 environment; resume from the latest checkpoint."""
     resources = ExitStack()
     try:
+        check_prompts_fit(cfg.policy, train_rows, cfg.tau2.retrieval_variant)
+        check_prompts_fit(cfg.policy, val_rows, cfg.tau2.retrieval_variant)
         training_setup.open_cluster(cfg, resources)  # first: the trainer's workers and the Gym servers join it
         torch.manual_seed(cfg.grpo.seed)
         policy = Policy(

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from nemo_tau2.algorithms import training_setup
+from nemo_tau2.algorithms.prompt_fit import check_prompts_fit
 from nemo_tau2.algorithms.reward_shaping import partial_credit
 from nemo_tau2.algorithms.rft_config import RFTMasterConfig, RFTSettings
 from nemo_tau2.algorithms.sft import FINAL_HF_DIR, batch_schedule, export_hf, sequences_of, train_step
@@ -72,6 +73,8 @@ def setup(cfg: RFTMasterConfig, train_rows: list[dict], val_rows: list[dict]) ->
     """Start the trainer, the generation backend, the tau2 environment; resume from the latest round's checkpoint."""
     resources = ExitStack()
     try:
+        check_prompts_fit(cfg.policy, train_rows, cfg.tau2.retrieval_variant)
+        check_prompts_fit(cfg.policy, val_rows, cfg.tau2.retrieval_variant)
         training_setup.open_cluster(cfg, resources)  # first: the trainer's workers and the Gym servers join it
         torch.manual_seed(cfg.rft.seed)
         policy = Policy(cfg.policy, seed=cfg.rft.seed)

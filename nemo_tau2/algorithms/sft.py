@@ -27,6 +27,7 @@ import torch
 
 from nemo_tau2.algorithms import training_setup
 from nemo_tau2.algorithms.loss import NLLLossFn
+from nemo_tau2.algorithms.prompt_fit import check_prompts_fit
 from nemo_tau2.algorithms.sft_config import SFTMasterConfig
 from nemo_tau2.algorithms.sft_data import training_sequence
 from nemo_tau2.generation.launch import GenerationHandle
@@ -99,6 +100,7 @@ def setup(cfg: SFTMasterConfig, train_rows: list[dict], val_rows: list[dict], ev
     """Start the trainer (and, for validation pass@1, the generation backend and the tau2 environment); resume."""
     resources = ExitStack()
     try:
+        check_prompts_fit(cfg.policy, eval_rows, cfg.tau2.retrieval_variant)
         training_setup.open_cluster(cfg, resources)  # first: the trainer's workers and the Gym servers join it
         torch.manual_seed(cfg.sft.seed)
         limit = cfg.policy.max_total_sequence_length

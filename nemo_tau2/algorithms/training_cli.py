@@ -89,7 +89,9 @@ def write_run_config(log_dir: str | Path, raw: Any) -> None:
 @contextmanager
 def starting() -> Iterator[None]:
     """Around a run's setup: a generation backend or Gym server that cannot start is one line and exit 3; a
-    checkpoint in ``checkpointing.checkpoint_dir`` of the other training backend or Megatron layout, exit 2."""
+    checkpoint in ``checkpointing.checkpoint_dir`` of the other training backend or Megatron layout, or rows whose
+    prompts cannot fit ``policy.max_total_sequence_length``, exit 2."""
+    from nemo_tau2.algorithms.prompt_fit import PromptsTooLongError
     from nemo_tau2.generation.errors import GenerationStartupError
     from nemo_tau2.gym.launch import ServerStartError
     from nemo_tau2.models.policy.checkpoint import CheckpointMismatchError
@@ -98,7 +100,7 @@ def starting() -> Iterator[None]:
         yield
     except (GenerationStartupError, ServerStartError) as e:
         raise Stop(3, f"error: could not start: {e}") from None
-    except CheckpointMismatchError as e:
+    except (CheckpointMismatchError, PromptsTooLongError) as e:
         raise Stop(2, f"error: {e}") from None
 
 

@@ -4,6 +4,7 @@ not have, in one line naming both ways out (a split of ours, or an explicit list
 GRPO's rows of it come from the release (the variant's prompt and tools), each saying its split and variant."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 from nemo_tau2.algorithms import grpo
 from nemo_tau2.algorithms.grpo_config import GRPOMasterConfig
+from nemo_tau2.algorithms.prompt_fit import check_prompts_fit
 from nemo_tau2.algorithms.rft_config import RFTMasterConfig
 from nemo_tau2.algorithms.sft_config import SFTMasterConfig
 from nemo_tau2.config import ConfigError, apply_overrides, load_config, validate_config
@@ -170,3 +172,33 @@ def test_sft_on_the_oracles_banking_episodes_then_an_rft_round_train_the_tiny_po
     assert round_1["train/rollout/num_episodes"] == 4 and round_1["train/rollout/num_infrastructure_errors"] == 0
     assert round_1["rft/num_kept"] >= 1 and round_1["train/loss"] > 0, round_1
     assert _trained_on(tmp_path / "rft") == ("v1.0.1", "bm25_grep")
+
+
+def test_full_kb_beyond_the_policys_context_is_refused_before_anything_starts_naming_variant_and_count(tmp_path):
+    """full_kb puts the whole knowledge base in every system prompt: with the tiny policy (2048 positions) run_grpo.py
+    refuses it in one line, exit 2, naming the variant and the token count, before a server or trainer starts (the
+    release's own prompts: compact rows have a short prompt of their own); the same tasks on bm25_grep, compact,
+    pass that check (the first row fits)."""
+    smoke = validate_config(load_config(CONFIGS["grpo"][0]), GRPOMasterConfig)
+    policy = build_tiny_policy(smoke.tiny_policy, grpo.load_rows(smoke)[0], tmp_path / "policy")
+    release = ["++tau2.version=v1.0.1", f"++tau2.python={tau2_v1_python()}", f"data.domains=[{DOMAIN}]",
+               "data.train_split=base", "data.val_split=null", "data.task_ids=[task_001,task_004]",
+               f"policy.model_name={policy}", f"logger.log_dir={tmp_path / 'logs'}",
+               f"checkpointing.checkpoint_dir={tmp_path / 'checkpoints'}"]  # fmt: skip
+    full_kb = ["++tau2.retrieval_variant=full_kb", "data.compact_rows=false"]
+    run = subprocess.run([sys.executable, "examples/run_grpo.py", "--config", CONFIGS["grpo"][0], *release, *full_kb],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert run.returncode == 2, run.stderr[-3000:]
+    (line,) = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert re.fullmatch(
+        r"error: every row's system prompt alone is beyond policy.max_total_sequence_length 2048 with "
+        r"tau2.retrieval_variant full_kb \(the whole knowledge base in the system prompt\): [0-9,]{7,} tokens at the "
+        r"shortest with .*: nothing could be trained on; use a retrieval variant that searches \(bm25_grep\) or "
+        r"raise policy.max_total_sequence_length for a model with that context",
+        line,
+    ), line
+    assert "Traceback" not in run.stderr and not (tmp_path / "logs" / "server_logs").exists()
+    fits = _config("grpo", *release[3:])  # bm25_grep, the default, compact rows: the same tasks and policy
+    rows = grpo.load_rows(fits)[0]
+    assert [row["task_id"] for row in rows] == ["task_001", "task_004"]
+    check_prompts_fit(fits.policy, rows, fits.tau2.retrieval_variant)  # its first row fits: no error
