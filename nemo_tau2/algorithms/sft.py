@@ -36,6 +36,7 @@ from nemo_tau2.models.memory_plan import MemoryPlan
 from nemo_tau2.models.policy.checkpoint import prune_checkpoints, step_dir
 from nemo_tau2.models.policy.data import TrainingSequence
 from nemo_tau2.models.policy.lm_policy import Policy
+from nemo_tau2.trained_tasks import trained_on_record, write_trained_on
 from nemo_tau2.utils.metrics_logger import MetricsLogger
 
 logger = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ class SFTSetup:
     start_step: int = 0
     resources: ExitStack = field(default_factory=ExitStack)
     trained_on: dict = field(default_factory=dict)  # tau2 release and retrieval variant, in every checkpoint
+    train_tasks: dict = field(default_factory=dict)  # ... and the tasks trained on, in the exported model
 
     def close(self) -> None:
         self.resources.close()
@@ -121,6 +123,7 @@ def setup(cfg: SFTMasterConfig, train_rows: list[dict], val_rows: list[dict], ev
             cfg, policy, train_sequences, val_sequences, eval_rows, metrics_logger,
             generation, environment, resources=resources,
             trained_on=(played := training_setup.trained_on(cfg, train_rows + val_rows + eval_rows)),
+            train_tasks=trained_on_record(played, train_rows, cfg.policy.model_name),
         )  # fmt: skip
         latest = (
             training_setup.resumable_checkpoint(cfg.checkpointing.checkpoint_dir, cfg.policy, played=played)
@@ -200,12 +203,14 @@ def save_checkpoint(s: SFTSetup, step: int, epoch: int) -> Path:
     return directory
 
 
-def export_hf(policy: Policy, directory: str | Path) -> Path:
-    """Write the weights as a Hugging Face model, whole or not at all: into a sibling, then renamed into place."""
+def export_hf(policy: Policy, directory: str | Path, trained_on: dict) -> Path:
+    """Write the weights as a Hugging Face model, whole or not at all: into a sibling, then renamed into place; with
+    them ``trained_on`` (:func:`~nemo_tau2.trained_tasks.trained_on_record`), which an eval of the folder reads."""
     final = Path(directory)
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     policy.save_hf_model(tmp)
+    write_trained_on(tmp, trained_on)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     return final
@@ -248,5 +253,5 @@ def sft_train(s: SFTSetup, on_step: Callable[[int, dict[str, Any]], None] | None
         history.append(metrics)
         if on_step is not None:
             on_step(done, metrics)
-    export_hf(s.policy, final_hf_dir(cfg))
+    export_hf(s.policy, final_hf_dir(cfg), s.train_tasks)
     return history

@@ -46,6 +46,8 @@ from nemo_tau2.tau2_env.gym_rows import load_rows
 from nemo_tau2.tau2_release.client import KNOWLEDGE_DOMAINS, Tau2WorkerError
 from nemo_tau2.tau2_release.results_export import RESULTS_DIR, export_results
 from nemo_tau2.tau2_release.rows import check_release, release_rows
+from nemo_tau2.trained_tasks import describe as describe_trained_on
+from nemo_tau2.trained_tasks import evaluated_tasks_trained_on, task_keys
 from nemo_tau2.utils.metrics_logger import MetricsLogger
 
 logger = logging.getLogger(__name__)
@@ -153,6 +155,10 @@ def summarize(cfg: EvalMasterConfig, raw: DictConfig, log: RolloutLog) -> dict[s
         "metrics": metrics,
         # the episodes left without an outcome, counted by cause (each one's latest attempt; a rerun retries them)
         "infrastructure_causes": dict(infrastructure_causes(log).most_common()),
+        # a model a training run exported: which of the tasks played it trained on (None: no record to say)
+        "checkpoint_trained_on": evaluated_tasks_trained_on(
+            cfg.policy.generation.model_name, task_keys(log), cfg.tau2.retrieval_variant if knowledge else None
+        ),
     }
 
 
@@ -270,6 +276,8 @@ def run_eval(cfg: EvalMasterConfig, raw: DictConfig) -> tuple[dict[str, Any], st
     write_json_atomic(save_dir / SUMMARY_FILE, summary)
     log_metrics(cfg, summary["metrics"])
     table = format_summary_table(summary["metrics"], show_ci=cfg.eval.bootstrap_samples > 0)
+    if summary["checkpoint_trained_on"] is not None:
+        table += f"\n{describe_trained_on(summary['checkpoint_trained_on'])}"
     if causes := summary["infrastructure_causes"]:
         table += f"\ninfrastructure errors (no outcome; a rerun retries them): {describe_causes(Counter(causes))}"
     return summary, f"{headline(cfg, summary['metrics'])}\n{run_line(cfg, raw)}\n\n{table}"

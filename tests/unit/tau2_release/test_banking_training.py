@@ -20,6 +20,7 @@ from nemo_tau2.config import ConfigError, apply_overrides, load_config, validate
 from nemo_tau2.tau2_env import domains
 from nemo_tau2.tau2_env.own_splits import own_split_ids
 from nemo_tau2.testing.warm_start import build_tiny_policy
+from nemo_tau2.trained_tasks import TRAINED_ON_FILE
 from tests.tau2_v1_env import tau2_v1_python
 
 DOMAIN = "banking_knowledge"
@@ -172,6 +173,21 @@ def test_sft_on_the_oracles_banking_episodes_then_an_rft_round_train_the_tiny_po
     assert round_1["train/rollout/num_episodes"] == 4 and round_1["train/rollout/num_infrastructure_errors"] == 0
     assert round_1["rft/num_kept"] >= 1 and round_1["train/loss"] > 0, round_1
     assert _trained_on(tmp_path / "rft") == ("v1.0.1", "bm25_grep")
+    # the exported models say what they trained on (RFT's: its own tasks and those of the SFT model it started from);
+    # an eval of RFT's model on task_001 and task_004 says which of them were not held out
+    sft_record = json.loads((tmp_path / "sft/final_hf" / TRAINED_ON_FILE).read_text())
+    assert sft_record == {"tau2_version": "v1.0.1", "retrieval_variant": "bm25_grep",
+                          "train_tasks": [f"{DOMAIN}/task_001"]}  # fmt: skip
+    assert json.loads((tmp_path / "rft/final_hf" / TRAINED_ON_FILE).read_text()) == sft_record
+    printed = _script("run_eval.py", "--config", "examples/configs/evals/tau2_fake.yaml",
+                      "policy.generation.backend=hf", f"+policy.generation.model_name={tmp_path / 'rft/final_hf'}",
+                      "policy.generation.max_new_tokens=64", "data.split=base", "data.task_ids=[task_001,task_004]",
+                      "eval.num_tests_per_prompt=1", "eval.k_values=[1]", f"eval.save_path={tmp_path / 'eval'}",
+                      on_banking[0], *on_banking[3:], "++tau2.retrieval_variant=grep_only")  # fmt: skip
+    found = json.loads((tmp_path / "eval/summary.json").read_text())["checkpoint_trained_on"]
+    assert (found["num_eval_tasks"], found["eval_tasks_trained_on"]) == (2, [f"{DOMAIN}/task_001"])
+    assert f"checkpoint: trained on 1 of these 2 tasks, not held out: {DOMAIN}/task_001 (" in printed
+    assert "checkpoint: trained with retrieval variant bm25_grep, evaluated on grep_only" in printed
 
 
 def test_full_kb_beyond_the_policys_context_is_refused_before_anything_starts_naming_variant_and_count(tmp_path):
