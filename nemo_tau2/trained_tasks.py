@@ -71,17 +71,18 @@ def evaluated_tasks_trained_on(
 
 
 def describe(found: dict[str, Any]) -> str:
-    """One line for the eval's table (and a second when it trained with another retrieval variant)."""
-    seen = found["eval_tasks_trained_on"]
+    """One line for the eval's table (and a second when it trained with another retrieval variant); a summary written
+    by an older version, without some of the keys, is described as far as it goes."""
+    seen = list(found.get("eval_tasks_trained_on") or [])
     if not seen:
-        line = f"checkpoint: none of these {found['num_eval_tasks']} tasks was trained on ({found['record']})"
+        line = f"checkpoint: none of these {found.get('num_eval_tasks')} tasks was trained on ({found.get('record')})"
     else:
         listed = ", ".join(seen[:5]) + (f", ... ({len(seen) - 5} more)" if len(seen) > 5 else "")
         line = (
-            f"checkpoint: trained on {len(seen)} of these {found['num_eval_tasks']} tasks, not held out: {listed} "
-            f"({found['record']})"
+            f"checkpoint: trained on {len(seen)} of these {found.get('num_eval_tasks')} tasks, not held out: {listed} "
+            f"({found.get('record')})"
         )
-    trained, played = found["retrieval_variant"], found["played_retrieval_variant"]
+    trained, played = found.get("retrieval_variant"), found.get("played_retrieval_variant")
     if played is not None and trained != played:
         line += f"\ncheckpoint: trained with retrieval variant {trained}, evaluated on {played}"
     return line

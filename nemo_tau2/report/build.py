@@ -14,6 +14,7 @@ from nemo_tau2.report.episodes import OUTCOME_COLORS, Redactor, episode_payload
 from nemo_tau2.report.retrieval import has_retrieval, retrieval_figures, retrieval_table
 from nemo_tau2.report.sources import EvalRun, ReportInputError, TrainingRun, check_comparable, load_results
 from nemo_tau2.report.training_figures import training_figures
+from nemo_tau2.trained_tasks import describe as describe_trained_on
 
 logger = logging.getLogger(__name__)
 
@@ -63,12 +64,18 @@ class _Page:
 def _eval_sections(p: _Page, runs: list[EvalRun], labels: list[str], prefix: str, title: str) -> None:
     indices = [p.register_run(run, label) for run, label in zip(runs, labels, strict=True)]
     scopes = ef.scopes(runs[0])
+    # a model a training run exported: which of these tasks it trained on (not held out), said beside its scores
+    trained = " ".join(
+        f"{label}: {describe_trained_on(run.trained_on)}".replace("\n", "; ")
+        for run, label in zip(runs, labels, strict=True)
+        if run.trained_on
+    )
     p.add(
         f"{prefix}summary",
         f"{title}: scores",
         page.card(page.metrics_table(runs, scopes)),
         "pass^k: all k episodes of a task succeed; pass@k: at least one does. Brackets: the evaluator's 95% "
-        "bootstrap interval over tasks.",
+        "bootstrap interval over tasks." + (f" {trained}" if trained else ""),
         nav="Scores",
     )
     charts = "".join(p.chart(f"{prefix}passk_{i}", fig) for i, fig in enumerate(ef.pass_k_figures(runs)))

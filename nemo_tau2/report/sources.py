@@ -47,6 +47,7 @@ class EvalRun:
     tau2_version: str
     config: dict[str, Any]
     system_prompts: dict[str, str]  # "<domain>/<task_id>" -> the policy's system prompt
+    trained_on: dict[str, Any] | None = None  # summary.json's checkpoint_trained_on: tasks the model trained on
 
     @property
     def domains(self) -> list[str]:
@@ -142,6 +143,7 @@ def load_eval(folder: Path, name: str | None = None, config: dict[str, Any] | No
         tau2_version=version or _tau2_version(config),
         config=config,
         system_prompts=_system_prompts(folder),
+        trained_on=summary.get("checkpoint_trained_on"),
     )
 
 

@@ -188,6 +188,8 @@ def test_sft_on_the_oracles_banking_episodes_then_an_rft_round_train_the_tiny_po
     assert (found["num_eval_tasks"], found["eval_tasks_trained_on"]) == (2, [f"{DOMAIN}/task_001"])
     assert f"checkpoint: trained on 1 of these 2 tasks, not held out: {DOMAIN}/task_001 (" in printed
     assert "checkpoint: trained with retrieval variant bm25_grep, evaluated on grep_only" in printed
+    report = (tmp_path / "eval/report.html").read_text()  # beside the scores in the report too
+    assert f"checkpoint: trained on 1 of these 2 tasks, not held out: {DOMAIN}/task_001 (" in report
 
 
 def test_full_kb_beyond_the_policys_context_is_refused_before_anything_starts_naming_variant_and_count(tmp_path):
