@@ -190,3 +190,25 @@ def test_the_reranker_variant_scores_and_answers_as_tau2_and_a_failed_rating_is_
     )
     assert "Score: " in answered["content"]
     reranked_worker.request("end", episode_id=seeded["episode_id"])
+
+
+def test_tau2s_default_alltools_scores_and_answers_as_tau2_with_both_services(judge, embedder, cache_dir, tmp_path):
+    """alltools, tau2's own default for the domain (BM25, dense search and the shell sandbox at once): every 24th
+    task's oracle and perturbations identical to tau2's own run of it on the same embedding endpoint, each oracle
+    1.0; the worker connects both services."""
+    config = _config(judge, embedder, cache_dir).model_copy(update={"retrieval_variant": "alltools"})
+    with Tau2Worker(config) as worker:
+        assert worker.retrieval["variant"] == "alltools" and {"shell", "embeddings"} <= set(worker.retrieval)
+        greeting = worker.request("greeting")
+        tasks = worker.request("tasks", domain=DOMAIN, split="base")[::24]
+        # tau2's way of naming the endpoint; its shell sandboxes (never removed) in the test's folder
+        tau2_way = {"OPENAI_BASE_URL": embedder.base_url, "OPENAI_API_KEY": "none", "TMPDIR": str(tmp_path)}
+        references = start_references(
+            {DOMAIN: tasks}, judge.base_url, tau2_way, tmp_path, retrieval_variant="alltools"
+        )
+        ours = {}
+        for task in tasks:
+            for name, script in episode_scripts(task, greeting).items():
+                ours[f"{DOMAIN}/{task['id']}/{name}"] = summary(play(worker, DOMAIN, task["id"], script))
+    assert_same_as_tau2(ours, reference_results(references))
+    assert len(tasks) == 5 and all(ours[key]["reward"] == 1.0 for key in ours if key.endswith("/oracle"))
