@@ -18,7 +18,7 @@ from tests.tau2_v1_env import tau2_v1_python
 from tests.unit.tau2_release.banking_eval import banking_eval_config
 from tests.unit.tau2_release.episode_scripts import episode_scripts
 from tests.unit.tau2_release.test_parity_v1 import assert_same_as_tau2, reference_results, start_references
-from tests.unit.tau2_release.worker_episodes import play, summary
+from tests.unit.tau2_release.worker_episodes import play, play_every_script, summary
 
 DOMAIN = "banking_knowledge"
 VARIANT = "openai_embeddings_grep"
@@ -62,10 +62,7 @@ def _same_as_tau2_on(worker: Tau2Worker, judge, endpoint: str, tmp_path: Path) -
     tau2_endpoint = {"OPENAI_BASE_URL": endpoint, "OPENAI_API_KEY": "none"}
     variant = worker.retrieval["variant"]
     references = start_references({DOMAIN: tasks}, judge.base_url, tau2_endpoint, tmp_path, retrieval_variant=variant)
-    ours = {}
-    for task in tasks:
-        for name, script in episode_scripts(task, greeting).items():
-            ours[f"{DOMAIN}/{task['id']}/{name}"] = summary(play(worker, DOMAIN, task["id"], script))
+    ours = play_every_script(worker, DOMAIN, tasks, greeting)
     assert_same_as_tau2(ours, reference_results(references))
     assert all(ours[key]["reward"] == 1.0 for key in ours if key.endswith("/oracle"))
     return [ours[key]["tool_answers"][0]["content"] for key in ours if key.endswith("/extra_reads")]
@@ -206,9 +203,6 @@ def test_tau2s_default_alltools_scores_and_answers_as_tau2_with_both_services(ju
         references = start_references(
             {DOMAIN: tasks}, judge.base_url, tau2_way, tmp_path, retrieval_variant="alltools"
         )
-        ours = {}
-        for task in tasks:
-            for name, script in episode_scripts(task, greeting).items():
-                ours[f"{DOMAIN}/{task['id']}/{name}"] = summary(play(worker, DOMAIN, task["id"], script))
+        ours = play_every_script(worker, DOMAIN, tasks, greeting)
     assert_same_as_tau2(ours, reference_results(references))
     assert len(tasks) == 5 and all(ours[key]["reward"] == 1.0 for key in ours if key.endswith("/oracle"))

@@ -18,7 +18,7 @@ from nemo_tau2.tau2_release.config import NLJudgeConfig, ShellConfig, Tau2Releas
 from tests.tau2_v1_env import tau2_v1_python
 from tests.unit.tau2_release.episode_scripts import episode_scripts
 from tests.unit.tau2_release.test_parity_v1 import assert_same_as_tau2, reference_results, start_references
-from tests.unit.tau2_release.worker_episodes import play, summary
+from tests.unit.tau2_release.worker_episodes import play, play_every_script
 
 DOMAIN = "banking_knowledge"
 TIMEOUT_S = 5
@@ -77,10 +77,7 @@ def test_shell_variants_score_and_answer_as_tau2(variant, writable, read_only, j
     # tau2's own sandboxes are never removed: in the test's folder, not the machine's /tmp
     references = start_references({DOMAIN: tasks}, judge.base_url, {"TMPDIR": str(tmp_path)}, tmp_path,
                                   retrieval_variant=variant, reads=SHELL_READS)  # fmt: skip
-    ours = {}
-    for task in tasks:
-        for name, script in episode_scripts(task, greeting, SHELL_READS).items():
-            ours[f"{DOMAIN}/{task['id']}/{name}"] = summary(play(worker, DOMAIN, task["id"], script))
+    ours = play_every_script(worker, DOMAIN, tasks, greeting, SHELL_READS)
     assert_same_as_tau2(ours, reference_results(references))
     assert all(ours[key]["reward"] == 1.0 for key in ours if key.endswith("/oracle"))
     found = [ours[key]["tool_answers"][0]["content"] for key in ours if key.endswith("/extra_reads")]

@@ -14,7 +14,7 @@ from nemo_tau2.tau2_release.config import NLJudgeConfig, Tau2ReleaseConfig
 from tests.tau2_v1_env import tau2_v1_python
 from tests.unit.tau2_release.episode_scripts import episode_scripts
 from tests.unit.tau2_release.test_parity_v1 import assert_same_as_tau2, reference_results, start_references
-from tests.unit.tau2_release.worker_episodes import play, summary
+from tests.unit.tau2_release.worker_episodes import play, play_every_script
 
 DOMAIN = "banking_knowledge"
 OFFLINE_VARIANTS = ["no_knowledge", "full_kb", "golden_retrieval", "bm25", "grep_only"]
@@ -35,10 +35,7 @@ def test_the_oracle_scores_one_and_a_sample_scores_as_tau2_scores_it(variant, ju
         tasks = worker.request("tasks", domain=DOMAIN, split="base")
         sampled = tasks[::24]
         references = start_references({DOMAIN: sampled}, judge.base_url, retrieval_variant=variant)
-        ours = {}
-        for task in sampled:
-            for name, script in episode_scripts(task, greeting).items():
-                ours[f"{DOMAIN}/{task['id']}/{name}"] = summary(play(worker, DOMAIN, task["id"], script))
+        ours = play_every_script(worker, DOMAIN, sampled, greeting)
         others = [task for task in (tasks if every_task else tasks[::4]) if task not in sampled]
         oracle = {task["id"]: play(worker, DOMAIN, task["id"], episode_scripts(task, greeting)["oracle"])["reward"]
                   for task in others}  # fmt: skip

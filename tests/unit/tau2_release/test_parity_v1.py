@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tests.tau2_v1_env import tau2_v1_python
 from tests.unit.tau2_release.episode_scripts import episode_scripts
-from tests.unit.tau2_release.worker_episodes import play, summary, untimed
+from tests.unit.tau2_release.worker_episodes import play, play_every_script, summary, untimed
 
 DOMAINS = ("airline", "retail", "telecom")
 REFERENCE = Path(__file__).with_name("v1_reference.py")
@@ -134,10 +134,7 @@ def test_banking_knowledge_scores_as_tau2_v1_scores_it_with_its_runners_argument
     greeting = worker.request("greeting")
     tasks = [task for index, task in enumerate(worker.request("tasks", domain=domain, split="base")) if index % 3 == 0]
     references = start_references({domain: tasks}, judge.base_url, retrieval_variant="bm25_grep")
-    ours = {}
-    for task in tasks:
-        for name, script in episode_scripts(task, greeting).items():
-            ours[f"{domain}/{task['id']}/{name}"] = summary(play(worker, domain, task["id"], script))
+    ours = play_every_script(worker, domain, tasks, greeting)
     assert_same_as_tau2(ours, reference_results(references))
     assert len(tasks) == 33 and all(ours[key]["reward"] == 1.0 for key in ours if key.endswith("/oracle"))
     for kind in ("call_without_unlock", "no_verification", "wrong_write"):
@@ -155,10 +152,7 @@ def test_telecom_workflow_scores_as_tau2_v1_scores_it_under_its_own_policy(worke
     greeting = worker.request("greeting")
     tasks = worker.request("tasks", domain=domain, split="base")[::20]
     references = start_references({domain: tasks}, judge.base_url)
-    ours = {}
-    for task in tasks:
-        for name, script in episode_scripts(task, greeting).items():
-            ours[f"{domain}/{task['id']}/{name}"] = summary(play(worker, domain, task["id"], script))
+    ours = play_every_script(worker, domain, tasks, greeting)
     assert_same_as_tau2(ours, reference_results(references))
     assert len(tasks) == 6 and all(ours[key]["reward"] == 1.0 for key in ours if key.endswith("/oracle"))
     assert any(ours[key]["reward"] == 0.0 for key in ours if not key.endswith("/oracle"))

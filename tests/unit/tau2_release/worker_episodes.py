@@ -10,6 +10,7 @@ from nemo_tau2.tau2_release.config import NLJudgeConfig, Tau2ReleaseConfig
 from nemo_tau2.tau2_release.trajectory import Trajectory
 from nemo_tau2.testing.scripted_judge import ScriptedJudge
 from tests.tau2_v1_env import tau2_v1_python
+from tests.unit.tau2_release.episode_scripts import episode_scripts
 
 JUDGE_ATTEMPTS = 2  # verdicts tried per episode by the tests' worker (the judge-fault tests inject that many)
 
@@ -45,6 +46,18 @@ def play_interleaved(worker: Tau2Worker, domain: str, task_id: str, scripts: lis
         | {"messages": trajectory.messages, "tool_answers": episode_answers}
         for seed, trajectory, episode_answers, script in zip(seeded, trajectories, answers, scripts, strict=True)
     ]
+
+
+def play_every_script(
+    worker: Tau2Worker, domain: str, tasks: list[dict], greeting: str, reads: list[dict] | None = None
+) -> dict[str, dict]:
+    """Each task's oracle and perturbations (``episode_scripts``, ``reads`` for ``extra_reads``) played by ``worker``
+    in turn: ``"<domain>/<task_id>/<name>"`` -> what the parity tests compare (:func:`summary`)."""
+    return {
+        f"{domain}/{task['id']}/{name}": summary(play(worker, domain, task["id"], script))
+        for task in tasks
+        for name, script in episode_scripts(task, greeting, reads).items()
+    }
 
 
 def summary(played: dict) -> dict:
