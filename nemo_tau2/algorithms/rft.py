@@ -53,7 +53,7 @@ class RFTSetup:
     kept_so_far: list[dict] = field(default_factory=list)
     resources: ExitStack = field(default_factory=ExitStack)
     trained_on: dict = field(default_factory=dict)  # tau2 release and retrieval variant, in every checkpoint
-    train_tasks: dict = field(default_factory=dict)  # ... and the tasks trained on, in the exported model
+    export_record: dict = field(default_factory=dict)  # what the exported model records it trained on (tasks too)
 
     def close(self) -> None:
         self.resources.close()
@@ -88,7 +88,7 @@ def setup(cfg: RFTMasterConfig, train_rows: list[dict], val_rows: list[dict]) ->
         played = training_setup.trained_on(cfg, train_rows + val_rows)
         s = RFTSetup(cfg, policy, generation, environment, train_rows, val_rows, metrics_logger, resources=resources,
                      trained_on=played,
-                     train_tasks=trained_on_record(played, train_rows, cfg.policy.model_name))  # fmt: skip
+                     export_record=trained_on_record(played, train_rows, cfg.policy.model_name))  # fmt: skip
         latest = (
             training_setup.resumable_checkpoint(cfg.checkpointing.checkpoint_dir, cfg.policy, played=played)
             if cfg.checkpointing.enabled
@@ -240,5 +240,5 @@ def rft_train(s: RFTSetup, on_round: Callable[[int, dict[str, Any]], None] | Non
         history.append(metrics)
         if on_round is not None:
             on_round(done, metrics)
-    export_hf(s.policy, Path(cfg.checkpointing.checkpoint_dir) / FINAL_HF_DIR, s.train_tasks)
+    export_hf(s.policy, Path(cfg.checkpointing.checkpoint_dir) / FINAL_HF_DIR, s.export_record)
     return history

@@ -59,7 +59,7 @@ class SFTSetup:
     start_step: int = 0
     resources: ExitStack = field(default_factory=ExitStack)
     trained_on: dict = field(default_factory=dict)  # tau2 release and retrieval variant, in every checkpoint
-    train_tasks: dict = field(default_factory=dict)  # ... and the tasks trained on, in the exported model
+    export_record: dict = field(default_factory=dict)  # what the exported model records it trained on (tasks too)
 
     def close(self) -> None:
         self.resources.close()
@@ -123,7 +123,7 @@ def setup(cfg: SFTMasterConfig, train_rows: list[dict], val_rows: list[dict], ev
             cfg, policy, train_sequences, val_sequences, eval_rows, metrics_logger,
             generation, environment, resources=resources,
             trained_on=(played := training_setup.trained_on(cfg, train_rows + val_rows + eval_rows)),
-            train_tasks=trained_on_record(played, train_rows, cfg.policy.model_name),
+            export_record=trained_on_record(played, train_rows, cfg.policy.model_name),
         )  # fmt: skip
         latest = (
             training_setup.resumable_checkpoint(cfg.checkpointing.checkpoint_dir, cfg.policy, played=played)
@@ -253,5 +253,5 @@ def sft_train(s: SFTSetup, on_step: Callable[[int, dict[str, Any]], None] | None
         history.append(metrics)
         if on_step is not None:
             on_step(done, metrics)
-    export_hf(s.policy, final_hf_dir(cfg), s.train_tasks)
+    export_hf(s.policy, final_hf_dir(cfg), s.export_record)
     return history
