@@ -75,8 +75,7 @@ def setup(cfg: RFTMasterConfig, train_rows: list[dict], val_rows: list[dict]) ->
     """Start the trainer, the generation backend, the tau2 environment; resume from the latest round's checkpoint."""
     resources = ExitStack()
     try:
-        check_prompts_fit(cfg.policy, train_rows, cfg.tau2.retrieval_variant)
-        check_prompts_fit(cfg.policy, val_rows, cfg.tau2.retrieval_variant)
+        check_prompts_fit(cfg.policy, cfg.tau2.retrieval_variant, train_rows, val_rows)
         training_setup.open_cluster(cfg, resources)  # first: the trainer's workers and the Gym servers join it
         torch.manual_seed(cfg.rft.seed)
         policy = Policy(cfg.policy, seed=cfg.rft.seed)

@@ -102,7 +102,7 @@ def setup(cfg: SFTMasterConfig, train_rows: list[dict], val_rows: list[dict], ev
     """Start the trainer (and, for validation pass@1, the generation backend and the tau2 environment); resume."""
     resources = ExitStack()
     try:
-        check_prompts_fit(cfg.policy, eval_rows, cfg.tau2.retrieval_variant)
+        check_prompts_fit(cfg.policy, cfg.tau2.retrieval_variant, eval_rows)
         training_setup.open_cluster(cfg, resources)  # first: the trainer's workers and the Gym servers join it
         torch.manual_seed(cfg.sft.seed)
         limit = cfg.policy.max_total_sequence_length

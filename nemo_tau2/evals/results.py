@@ -56,6 +56,15 @@ def latest_records(records: Iterable[dict[str, Any]]) -> dict[EpisodeKey, dict[s
     return latest
 
 
+def system_prompt(row: dict[str, Any]) -> str | None:
+    """A Gym row's system prompt: its first input item when that is a system message with text (None otherwise)."""
+    first = (row.get("responses_create_params") or {}).get("input") or [{}]
+    if not isinstance(first[0], dict) or first[0].get("role") != "system":
+        return None
+    text = first[0].get("content")
+    return text if isinstance(text, str) else None
+
+
 def write_system_prompts(save_dir: Path, rows: Iterable[dict[str, Any]]) -> None:
     """``system_prompts.json``: each task's system prompt (the rows' first input message), stored once per distinct
     prompt, so that a report can show what the policy was told without the rows (``{"prompts": [...], "tasks":
@@ -63,11 +72,8 @@ def write_system_prompts(save_dir: Path, rows: Iterable[dict[str, Any]]) -> None
     prompts: list[str] = []
     tasks: dict[str, int] = {}
     for row in rows:
-        first = (row.get("responses_create_params") or {}).get("input") or [{}]
-        if first[0].get("role") != "system":
-            continue
-        text = first[0].get("content")
-        if not isinstance(text, str):
+        text = system_prompt(row)
+        if text is None:
             continue
         if text not in prompts:
             prompts.append(text)

@@ -219,4 +219,4 @@ def test_full_kb_beyond_the_policys_context_is_refused_before_anything_starts_na
     fits = _config("grpo", *release[3:])  # bm25_grep, the default, compact rows: the same tasks and policy
     rows = grpo.load_rows(fits)[0]
     assert [row["task_id"] for row in rows] == ["task_001", "task_004"]
-    check_prompts_fit(fits.policy, rows, fits.tau2.retrieval_variant)  # its first row fits: no error
+    check_prompts_fit(fits.policy, fits.tau2.retrieval_variant, rows)  # its first row fits: no error
