@@ -118,14 +118,14 @@ def _release_rows_and_gold(tau2, args: argparse.Namespace) -> tuple[list[dict], 
     ``--output``): a release may change a task's gold, and its own domains have none in v0.2.1."""
     from nemo_tau2.tau2_release.client import Tau2Worker
     from nemo_tau2.tau2_release.rows import release_rows
+    from nemo_tau2.testing.release_tasks import write_release_tasks
 
     with Tau2Worker(tau2) as worker:
         rows = release_rows(tau2, args.domains, args.split, args.task_ids, what="oracle_sft_data.py",
                             compact=args.compact_rows, worker=worker)  # fmt: skip
         tasks = {domain: worker.request("tasks", domain=domain, split=None) for domain in args.domains}
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    gold = args.output.with_name(args.output.stem + ".release_tasks.json")
-    gold.write_text(json.dumps(tasks))  # nemo_tau2/testing/release_tasks.py's {domain: [task, ...]}
+    gold = write_release_tasks(args.output.with_name(args.output.stem + ".release_tasks.json"), tasks)
     return rows, {"tau2": {"release_tasks": str(gold)}}
 
 
