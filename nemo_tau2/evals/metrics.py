@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from nemo_tau2.evals.failure_kinds import ending_metrics, kind_key, kind_label, kinds_seen
 from nemo_tau2.gym.agent.episode_record import EpisodeStatus
 
 logger = logging.getLogger(__name__)
@@ -106,6 +107,8 @@ class EpisodeRecord:
     # a knowledge domain's searches, documents found and tools unlocked against gold (None elsewhere, and in records
     # written before it was recorded): its document_recall and unlock_recall are averaged
     retrieval: dict[str, Any] | None = None
+    failure_kind: str | None = None  # how it ended (evals.failure_kinds); None in records written before it
+    agent_tool_calls: dict[str, Any] | None = None  # the policy's calls: total, malformed, hallucinated, transfer
 
     def __post_init__(self) -> None:
         where = f"episode of task {self.domain}/{self.task_id}"
@@ -142,7 +145,7 @@ class EpisodeRecord:
 
 
 _RECORD_FIELDS = tuple(f.name for f in fields(EpisodeRecord))
-_OPTIONAL_FIELDS = ("retrieval",)  # absent from records written before it was recorded
+_OPTIONAL_FIELDS = ("retrieval", "failure_kind", "agent_tool_calls")  # absent from records written before them
 _RETRIEVAL_MEANS = ("document_recall", "unlock_recall")  # of ``retrieval``, averaged where not None
 
 
@@ -256,7 +259,7 @@ def _count_summary(prefix: str, records: list[EpisodeRecord], tasks: list[TaskRe
     broken = [r.token_contiguity_breaks > 0 for r in valid if r.token_contiguity_breaks is not None]
     if broken:
         out[f"{prefix}/token_contiguity_break_rate"] = float(np.mean(broken))
-    return out
+    return out | ending_metrics(prefix, records)
 
 
 def compute_eval_metrics(
@@ -373,6 +376,8 @@ def format_summary_table(metrics: Mapping[str, float], *, show_ci: bool = False)
         rows.append([label, *(str(int(metrics[f"eval/{s}/{key}"])) for s in scopes)])
     if any(metrics.get(f"eval/{s}/token_contiguity_break_rate") for s in scopes):  # shown only when there are any
         rows.append(["contiguity breaks %", *(cell(s, "token_contiguity_break_rate", 100.0, ".1f") for s in scopes)])
+    for kind in kinds_seen(metrics, scopes):  # how episodes ended: the kinds that occur
+        rows.append([f"{kind_label(kind)} %", *(cell(s, kind_key(kind), 100.0, ".1f") for s in scopes)])
 
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [

@@ -33,7 +33,7 @@ from nemo_tau2.experience.episode_post import post_episode
 from nemo_tau2.experience.message_log import message_log_from_output
 from nemo_tau2.experience.progress import ProgressWatch, RolloutProgress
 from nemo_tau2.generation.config import GenerationConfig
-from nemo_tau2.gym.agent.episode_record import EpisodeData, EpisodeStatus
+from nemo_tau2.gym.agent.episode_record import EpisodeData, EpisodeStatus, FailureKind
 from nemo_tau2.gym.episode_config import NemoGymEnvConfig
 from nemo_tau2.gym.model_server.routing import ReplicaRouter
 from nemo_tau2.gym.replica_health import AgentReplicas, ReplicaHealth
@@ -92,6 +92,8 @@ class RolloutResult:
     retrieval: dict[str, Any] | None = None  # a knowledge domain's searches, documents found and tools unlocked
     termination_reason: str | None = None
     truncated_by: str | None = None
+    failure_kind: FailureKind | None = None  # how it ended (None only in results built before it was recorded)
+    agent_tool_calls: dict[str, Any] | None = None  # the policy's calls: total, malformed, hallucinated, transfer
     error: str | None = None
     cause: str | None = None  # the error without where it happened: what summaries count (see EpisodeData.cause)
     unreachable: str | None = None  # the server that gave the failed episode no answer at all, if that was it
@@ -170,6 +172,8 @@ def result_from_response(
         return RolloutResult(
             **base,
             status=EpisodeStatus.INFRASTRUCTURE_ERROR,
+            failure_kind=FailureKind.INFRASTRUCTURE,
+            agent_tool_calls=body.get("agent_tool_calls") if isinstance(body, dict) else None,
             policy_model=body.get("policy_model") if isinstance(body, dict) else None,
             tau2_version=body.get("tau2_version") if isinstance(body, dict) else None,
             retrieval_variant=body.get("retrieval_variant") if isinstance(body, dict) else None,

@@ -102,7 +102,10 @@ def _eval_sections(p: _Page, runs: list[EvalRun], labels: list[str], prefix: str
     p.add(
         f"{prefix}why",
         "Why episodes fail",
-        f'<div class="grid2">{"".join(p.chart(f"{prefix}bars_{i}", fig) for i, fig in enumerate(bars))}</div>',
+        f'<div class="grid2">{"".join(p.chart(f"{prefix}bars_{i}", fig) for i, fig in enumerate(bars))}</div>'
+        + page.card(page.failure_kinds_table(runs, scopes)),
+        "The table: how each episode ended (the first that applies: infrastructure, tool error cap, max steps, "
+        "empty message, transfer, malformed tool call, hallucinated tool, ended normally), as a share of episodes.",
         nav="Failures",
     )
     if has_retrieval(runs):

@@ -17,6 +17,7 @@ from typing import Any
 from bokeh.embed import components
 from bokeh.resources import Resources
 
+from nemo_tau2.evals.failure_kinds import KINDS, kind_key, kind_label
 from nemo_tau2.report.charts import run_color
 from nemo_tau2.report.compare import FlippedTask
 from nemo_tau2.report.sources import EvalRun
@@ -95,6 +96,29 @@ def metrics_table(runs: list[EvalRun], scopes: list[str]) -> str:
             rows.append(f"<td>{label}</td>{cells}")
     body = "".join(r if r.startswith("<tr") else f"<tr>{r}</tr>" for r in rows)
     return f'<table class="data" id="metrics-table">{body}</table>'
+
+
+# NeMo-Gym's tau2 agent's shares (its compute_metrics names), shown beside the failure kinds
+_NEMO_GYM_SHARES = {
+    "trajectory_transfer_to_human_agents/pct": "transfer to human (NeMo-Gym)",
+    "trajectory_missing_tool_call/pct": "no tool call (NeMo-Gym)",
+}
+
+
+def failure_kinds_table(runs: list[EvalRun], scopes: list[str]) -> str:
+    """How episodes ended: each failure kind's share (percent of the scope's episodes), per run and scope, then
+    NeMo-Gym's shares under its names; a run whose summary has no kinds (written before them) shows ``-``."""
+    head = "".join(f"<th>{esc(s)}</th>" for s in scopes)
+    rows = [f"<tr><th>how it ended</th>{head}</tr>"]
+    for i, run in enumerate(runs):
+        if len(runs) > 1:
+            rows.append(f'<tr class="run-head"><td colspan="{len(scopes) + 1}">{swatch(i)}{esc(run.name)}</td></tr>')
+        named = [(kind_key(kind), kind_label(kind), kind) for kind in KINDS]
+        named += [(key, label, key.split("/")[0]) for key, label in _NEMO_GYM_SHARES.items()]
+        for key, label, row_id in named:
+            cells = "".join(f"<td>{_pct(run.metrics.get(f'eval/{s}/{key}'))}</td>" for s in scopes)
+            rows.append(f'<tr data-kind="{esc(row_id)}"><td>{esc(label)} (%)</td>{cells}</tr>')
+    return f'<table class="data" id="failure-kinds-table">{"".join(rows)}</table>'
 
 
 def flipped_table(flipped: list[FlippedTask], before: str, after: str, keys: dict[str, str]) -> str:

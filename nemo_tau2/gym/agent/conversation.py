@@ -21,12 +21,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from nemo_tau2.gym.agent.episode_record import AgentToolCalls
 from nemo_tau2.gym.agent.tool_calls import ParsedCall
 from nemo_tau2.gym.agent.turns import Turn, item_text, message_item
 from nemo_tau2.gym.agent.user_strategies import UserSimulatorStats
 from nemo_tau2.gym.episode_config import EpisodeSettings
 
 USER_STOP_TOKENS = ("###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###")  # tau2.user.base
+_NOT_FOUND = re.compile(r"^Error: Tool '.*' not found\.$", re.DOTALL)  # tau2's answer to an unknown tool
+TRANSFER_TOOL = "transfer_to_human_agents"
 _TOOL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
 # Routes of the resources server that are not tools: a policy "calling" them gets tau2's unknown-tool error.
 _RESERVED_ROUTES = frozenset(
@@ -60,6 +63,9 @@ class EpisodeState:
     user_tools: list[dict] = field(default_factory=list)
     steps: int = 0
     errors: int = 0
+    agent_calls: AgentToolCalls = field(
+        default_factory=lambda: AgentToolCalls(total=0, malformed=0, hallucinated=0, transfer_to_human_agents=False)
+    )
     policy_turns: int = 0
     user_turns: int = 0
     truncated_turns: int = 0
@@ -218,12 +224,21 @@ async def run_calls(
             side = "assistant" if requestor == AGENT else "user"
             output, failed = await session.call_tool(state, call.name, call.arguments, side, call_id)
         state.errors += failed
+        if requestor == AGENT:
+            _count_agent_call(state.agent_calls, call, output, failed)
         history.append({"type": "function_call_output", "call_id": call_id, "output": output})
         side = "assistant" if requestor == AGENT else "user"
         state.tau2_messages.append(
             {"role": "tool", "id": call_id, "content": output, "requestor": side, "error": failed}
         )
     state.seconds["tools"] += time.perf_counter() - started
+
+
+def _count_agent_call(counts: AgentToolCalls, call: ParsedCall, output: str, failed: bool) -> None:
+    counts.total += 1
+    counts.malformed += call.error is not None
+    counts.hallucinated += call.error is None and failed and bool(_NOT_FOUND.match(output))
+    counts.transfer_to_human_agents |= call.error is None and call.name == TRANSFER_TOOL
 
 
 async def verify(state: EpisodeState, session: Tau2Session) -> dict:

@@ -28,6 +28,57 @@ class EpisodeStatus(StrEnum):
     INFRASTRUCTURE_ERROR = "infrastructure_error"
 
 
+class FailureKind(StrEnum):
+    """How an episode ended, one kind per episode, the first that applies in this order: ``infrastructure`` (a
+    server failed; never scored), ``tool_error_cap`` (tau2's ``too_many_errors``), ``max_steps`` (a step or turn
+    limit), ``empty_message`` (an empty agent or user message: tau2's ``agent_error``/``user_error``), ``transfer``
+    (the policy called ``transfer_to_human_agents``), ``malformed_tool_call`` (a policy call whose JSON or arguments
+    could not be read), ``hallucinated_tool`` (a policy call of a tool that does not exist), ``ended_normally``."""
+
+    INFRASTRUCTURE = "infrastructure"
+    TOOL_ERROR_CAP = "tool_error_cap"
+    MAX_STEPS = "max_steps"
+    EMPTY_MESSAGE = "empty_message"
+    TRANSFER = "transfer"
+    MALFORMED_TOOL_CALL = "malformed_tool_call"
+    HALLUCINATED_TOOL = "hallucinated_tool"
+    ENDED_NORMALLY = "ended_normally"
+
+
+class AgentToolCalls(BaseModel):
+    """The policy's tool calls in one episode (the simulated user's device calls are not counted)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    total: int = Field(ge=0, description="Every call the policy made, well-formed or not.")
+    malformed: int = Field(ge=0, description="Calls whose JSON or arguments could not be read.")
+    hallucinated: int = Field(ge=0, description="Calls of a tool that does not exist (tau2's 'Tool ... not found').")
+    transfer_to_human_agents: bool = Field(description="Whether the policy called transfer_to_human_agents.")
+
+
+_ENDINGS = {
+    "too_many_errors": FailureKind.TOOL_ERROR_CAP,
+    "max_steps": FailureKind.MAX_STEPS,
+    "agent_error": FailureKind.EMPTY_MESSAGE,
+    "user_error": FailureKind.EMPTY_MESSAGE,
+}
+
+
+def failure_kind(infrastructure: bool, termination_reason: str | None, calls: AgentToolCalls) -> FailureKind:
+    """The episode's :class:`FailureKind` (the first that applies, in the enum's order)."""
+    if infrastructure:
+        return FailureKind.INFRASTRUCTURE
+    if termination_reason in _ENDINGS:
+        return _ENDINGS[termination_reason]
+    if calls.transfer_to_human_agents:
+        return FailureKind.TRANSFER
+    if calls.malformed:
+        return FailureKind.MALFORMED_TOOL_CALL
+    if calls.hallucinated:
+        return FailureKind.HALLUCINATED_TOOL
+    return FailureKind.ENDED_NORMALLY
+
+
 class TokenContiguity(BaseModel):
     """Whether each policy turn's prompt ids extend the previous turn's prompt + generation (training needs it)."""
 
@@ -65,6 +116,8 @@ class EpisodeData(BaseModel):
     )
     termination_reason: str | None = Field(description="tau2's termination reason (None: the episode failed).")
     truncated_by: str | None = Field(description="The limit that cut the episode (max_steps, max_turns), if any.")
+    failure_kind: FailureKind = Field(description="How the episode ended (see FailureKind).")
+    agent_tool_calls: AgentToolCalls
     num_turns: int = Field(ge=0, description="Policy turns (model calls of the policy).")
     num_user_turns: int = Field(ge=0)
     num_steps: int = Field(ge=0, description="tau2's steps: every message hop.")

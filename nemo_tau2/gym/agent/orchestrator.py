@@ -22,7 +22,13 @@ from nemo_tau2.gym.agent.conversation import (
     start_conversation,
     verify,
 )
-from nemo_tau2.gym.agent.episode_record import EpisodeData, EpisodeStatus, TokenContiguity, metric_flags
+from nemo_tau2.gym.agent.episode_record import (
+    EpisodeData,
+    EpisodeStatus,
+    TokenContiguity,
+    failure_kind,
+    metric_flags,
+)
 from nemo_tau2.gym.agent.resources_client import HttpTau2Session
 from nemo_tau2.gym.agent.turns import Turn, read_turn, with_last_token_ids_only
 from nemo_tau2.gym.agent.user_simulator import UserSimulator
@@ -166,6 +172,8 @@ class EpisodeOrchestrator:
             unreachable=None if failure is None else failure.server,
             termination_reason=state.termination_reason if failure is None else None,
             truncated_by=state.truncated_by,
+            failure_kind=failure_kind(failure is not None, state.termination_reason, state.agent_calls),
+            agent_tool_calls=state.agent_calls,
             num_turns=state.policy_turns,
             num_user_turns=state.user_turns,
             num_steps=state.steps,

@@ -52,6 +52,13 @@ def test_oracle_policy_scores_pass_at_1_and_pass_hat_4_of_one_in_every_domain(tm
     saved_config = json.loads((tmp_path / "config.json").read_text())
     assert saved_config["eval"]["save_path"] == str(tmp_path)
     assert "pass^4" in table and "Telecom" in table
+    # how each episode ended, on its line, in the summary per domain, and in the table
+    assert {r["failure_kind"] for r in records} <= {"ended_normally", "transfer"}
+    for scope in ("overall", "airline", "retail", "telecom"):
+        shares = [metrics[f"eval/{scope}/failure_kind/{kind}/pct"] for kind in ("ended_normally", "transfer")]
+        assert sum(shares) == pytest.approx(1.0)
+        assert metrics[f"eval/{scope}/trajectory_termination_reason/user_stop/pct"] == 1.0
+    assert "ended normally %" in table
 
 
 def test_a_policy_failing_every_other_sample_gives_the_exact_pass_at_k_and_pass_hat_k(tmp_path):

@@ -1,6 +1,7 @@
 """pass@k / pass^k estimators and the eval summary, against numbers worked out by hand."""
 
 import logging
+import re
 
 import numpy as np
 import pytest
@@ -292,3 +293,48 @@ def test_bootstrap_is_stratified_by_domain():
     m = compute_eval_metrics(records, [1], num_bootstrap=500)
     assert m["eval/overall/pass@1_ci95_low"] == m["eval/overall/pass@1"] == m["eval/overall/pass@1_ci95_high"] == 0.5
     assert m["eval/macro/pass@1_ci95_low"] == m["eval/macro/pass@1_ci95_high"] == 0.5
+
+
+# ---------------------------------------------------------------- how episodes ended
+
+
+def _ended(domain, kind, reason="user_stop", calls=1, hallucinated=0, transfer=False):
+    if kind == "infrastructure":
+        return EpisodeRecord(domain, "1", None, None, status="infrastructure_error", failure_kind=kind)
+    counts = {"total": calls, "malformed": 0, "hallucinated": hallucinated, "transfer_to_human_agents": transfer}
+    return EpisodeRecord(
+        domain, "1", False, 0.0, termination_reason=reason, failure_kind=kind, agent_tool_calls=counts
+    )
+
+
+def test_failure_kind_shares_per_domain_under_nemo_gym_names_and_in_the_table():
+    records = [
+        _ended("airline", "ended_normally"),
+        _ended("airline", "transfer", transfer=True),
+        _ended("airline", "hallucinated_tool", hallucinated=2),
+        _ended("airline", "infrastructure"),
+        _ended("retail", "max_steps", reason="max_steps", calls=0),
+        _ended("retail", "ended_normally"),
+        EpisodeRecord.from_dict(  # a line written before kinds were recorded: left out of the shares, counted
+            {"domain": "retail", "task_id": "2", "success": True, "reward": 1.0, "status": "ok"}
+            | {"termination_reason": "user_stop", "num_turns": 2, "total_tokens": 9, "token_contiguity_breaks": []}
+        ),
+    ]
+    m = compute_eval_metrics(records, [1], num_bootstrap=0)
+    airline = {kind: m[f"eval/airline/failure_kind/{kind}/pct"] for kind in ("ended_normally", "transfer")}
+    assert airline == {"ended_normally": 0.25, "transfer": 0.25}
+    assert m["eval/airline/failure_kind/infrastructure/pct"] == m["eval/airline/failure_kind/hallucinated_tool/pct"]
+    assert sum(v for k, v in m.items() if k.startswith("eval/retail/failure_kind/") and k.endswith("/pct")) == 1.0
+    assert m["eval/retail/failure_kind/not_recorded/count"] == 1
+    assert m["eval/overall/failure_kind/max_steps/pct"] == 1 / 6
+    # NeMo-Gym's tau2 agent's names, over the played episodes (the infrastructure failure has no trajectory)
+    assert m["eval/airline/trajectory_transfer_to_human_agents/pct"] == 1 / 3
+    assert m["eval/airline/tool_call_hallucination/count/total"] == 2
+    assert m["eval/retail/trajectory_missing_tool_call/pct"] == 0.5
+    assert m["eval/retail/trajectory_termination_reason/max_steps/pct"] == 0.5
+    table = {
+        re.split(r"\s{2,}", line)[0]: re.split(r"\s{2,}", line)[1:] for line in format_summary_table(m).splitlines()
+    }
+    kinds = [label for label in table if label.endswith(" %")]
+    assert kinds == ["infrastructure %", "max steps %", "transfer %", "hallucinated tool %", "ended normally %"]
+    assert table["transfer %"] == ["16.7", "25.0", "0.0"]  # overall, airline, retail

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from nemo_tau2.evals.failure_kinds import KINDS
+from nemo_tau2.evals.results import latest_records
 from nemo_tau2.report.build import build_report
 from nemo_tau2.tau2_env.gym_rows import task_row
 from tests.browser import RENDERED_FIGURES, chromium, click_cell, open_report
@@ -74,6 +76,31 @@ def test_clicking_a_cell_opens_its_transcript_with_its_task_id_and_reward(evals,
         assert page.locator("#viewer-body details.system pre").first.text_content() == system_prompt["content"]
         page.keyboard.press("Escape")
         assert not page.is_visible("#viewer")
+
+
+def test_the_failure_kinds_table_shows_each_domains_share_of_every_ending(evals, single_report, browser):
+    page = open_report(browser, single_report).page
+    episodes = list(latest_records(records(evals[1])).values())
+    assert len({r["failure_kind"] for r in episodes}) > 1  # shares other than 0 and 100 to tell apart
+    scopes = page.eval_on_selector_all(
+        "#failure-kinds-table tr:first-child th", "cells => cells.map(c => c.textContent)"
+    )
+    assert scopes == ["how it ended", "overall", "airline", "retail"]
+    for kind in KINDS:
+        cells = page.eval_on_selector_all(
+            f'#failure-kinds-table tr[data-kind="{kind}"] td', "cells => cells.map(c => c.textContent)"
+        )
+        for scope, shown in zip(scopes[1:], cells[1:], strict=True):
+            scoped = [r for r in episodes if scope == "overall" or r["domain"] == scope]
+            share = sum(r["failure_kind"] == kind for r in scoped) / len(scoped)
+            assert shown == f"{100 * share:.1f}", (kind, scope)
+    transfer = page.eval_on_selector_all(
+        '#failure-kinds-table tr[data-kind="trajectory_transfer_to_human_agents"] td',
+        "cells => cells.map(c => c.textContent)",
+    )
+    played = [r for r in episodes if r["status"] == "ok"]
+    share = sum(r["agent_tool_calls"]["transfer_to_human_agents"] for r in played) / len(played)
+    assert transfer[1] == f"{100 * share:.1f}"  # NeMo-Gym's share, on its name's row (overall)
 
 
 def _pass_rates(folder: Path) -> dict[str, float]:
