@@ -103,11 +103,13 @@ def _drive(
 def test_a_slow_trainer_trains_no_group_past_the_age_bound_and_the_collector_waits_instead_of_overproducing(
     environment, max_age
 ):
-    """The trainer takes 0.5 s per step, a group ~0.2 s: the collector could produce several steps' worth per step.
-    It fills the steps within the bound and then idles; groups are used at exactly the oldest age allowed and none
-    is generated only to be dropped (with in-flight updates off, a group finishes before the next weights exist
-    and the bound leaves room to train it, so the drop never fires: the buffer's own test covers the drop)."""
-    run = _drive(environment, steps=4, train_s=0.5, max_age=max_age)
+    """The trainer takes five times as long per step as a step's groups take to generate on this box, as measured
+    just before (at least 1 s; a group takes ~0.2 s on an idle box, several times that on a loaded one): the
+    collector could produce several steps' worth per step. It fills the steps within the bound and then idles;
+    groups are used at exactly the oldest age allowed and none is generated only to be dropped (with in-flight
+    updates off, a group finishes before the next weights exist and the bound leaves room to train it, so the drop
+    never fires: the buffer's own test covers the drop)."""
+    run = _drive(environment, steps=4, train_s=max(1.0, 5 * _generation_s(environment)), max_age=max_age)
     ages = [[group.age_at(step) for group in groups] for step, groups in run.taken]
     # the buffer runs ahead as far as the bound allows: from the first fill on, every group is exactly max_age old
     assert ages == [[min(step, max_age)] * PROMPTS_PER_STEP for step in range(4)], ages
@@ -117,6 +119,16 @@ def test_a_slow_trainer_trains_no_group_past_the_age_bound_and_the_collector_wai
     assert [m["train/async/trajectory_age_max"] for m in run.metrics] == [min(step, max_age) for step in range(4)]
     draws = [group.draw.draw_id for _, groups in run.taken for group in groups]
     assert len(set(draws)) == len(draws)  # no group trained twice
+
+
+def _generation_s(environment: Tau2Environment) -> float:
+    """How long one step's groups take to generate on this box now: a trainer that trains in no time, one step,
+    twice (the first after the stack starts pays its warm-up: 3 s where the second takes 0.3 s, at load 8)."""
+    durations = []
+    for _ in range(2):
+        _, groups = _drive(environment, steps=1, train_s=0.0).taken[0]
+        durations.append(max(group.finished_s for group in groups) - min(group.started_s for group in groups))
+    return min(durations)
 
 
 def test_weights_never_load_while_an_episode_runs_and_each_group_carries_the_version_it_used(environment):
