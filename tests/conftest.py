@@ -20,6 +20,9 @@ from tests import env_python
 
 UNIT = Path(__file__).resolve().parent / "unit"
 
+# each module's wall time, recorded and held to its budget in tests/module_budgets.toml
+pytest_plugins = ["tests.module_times"]
+
 # OpenMP threads (torch's, vLLM CPU's) that finish a parallel region sleep at once instead of spinning for the next:
 # the suite runs two workers, each with training, engine and server processes, on a box of two cores, where a
 # spinning thread only takes the core from a process that has work. Measured on the GRPO loop and SFT/RFT modules
