@@ -40,7 +40,7 @@ def record_of(result: RolloutResult, keep_transcript: bool) -> dict[str, Any]:
     if keep_transcript and result.ok:
         record["transcript"] = (full.get("response") or {}).get("output")
         record["reward_info"] = full.get("reward_info")
-        if full.get("tau2_messages") is not None:  # a release scored from tau2's own trajectory (v1.0.1)
+        if full.get("tau2_messages") is not None:  # tau2's own trajectory: what a stateless /verify re-scores
             record["tau2_messages"] = full["tau2_messages"]
     return record
 

@@ -94,6 +94,8 @@ class RolloutResult:
     truncated_by: str | None = None
     failure_kind: FailureKind | None = None  # how it ended (None only in results built before it was recorded)
     agent_tool_calls: dict[str, Any] | None = None  # the policy's calls: total, malformed, hallucinated, transfer
+    # an infrastructure failure at /verify (the judge's outage): its termination and trajectory, to re-score it later
+    unscored_episode: dict[str, Any] | None = None
     error: str | None = None
     cause: str | None = None  # the error without where it happened: what summaries count (see EpisodeData.cause)
     unreachable: str | None = None  # the server that gave the failed episode no answer at all, if that was it
@@ -174,6 +176,7 @@ def result_from_response(
             status=EpisodeStatus.INFRASTRUCTURE_ERROR,
             failure_kind=FailureKind.INFRASTRUCTURE,
             agent_tool_calls=body.get("agent_tool_calls") if isinstance(body, dict) else None,
+            unscored_episode=body.get("unscored_episode") if isinstance(body, dict) else None,
             policy_model=body.get("policy_model") if isinstance(body, dict) else None,
             tau2_version=body.get("tau2_version") if isinstance(body, dict) else None,
             retrieval_variant=body.get("retrieval_variant") if isinstance(body, dict) else None,

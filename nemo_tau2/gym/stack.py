@@ -88,17 +88,17 @@ def tau2_stack(
         **(agent_config or {}),
     }
     return [
-        ServerSpec(
-            RESOURCES_SERVER,
-            "resources_servers",
-            "tau2",
-            RESOURCES_SERVER_CLASS,
-            {"domain": "agent", "domains": domains, **(resources_config or {})},
-        ),
+        resources_server_spec(domains, resources_config),
         ServerSpec(AGENT, "responses_api_agents", "tau2_agent", AGENT_CLASS, agent),
         model_server_spec(POLICY_MODEL, policy),
         model_server_spec(USER_MODEL, user),
     ]
+
+
+def resources_server_spec(domains: list[str], resources_config: dict[str, Any] | None = None) -> ServerSpec:
+    """The tau2 resources server's spec (alone: what re-scoring stored episodes needs)."""
+    config = {"domain": "agent", "domains": domains, **(resources_config or {})}
+    return ServerSpec(RESOURCES_SERVER, "resources_servers", "tau2", RESOURCES_SERVER_CLASS, config)
 
 
 @dataclass

@@ -181,3 +181,11 @@ def write_json_atomic(path: str | Path, value: Any) -> None:
     temporary = path.with_name(path.name + ".tmp")
     _write_durably(temporary, [(json.dumps(value, indent=2) + "\n").encode()])
     os.replace(temporary, path)
+
+
+def replace_lines(path: str | Path, lines: list[bytes]) -> None:
+    """Replace ``path`` with ``lines`` (each ending in its newline): a reader sees the old file or the new one."""
+    path = Path(path)
+    temporary = path.with_name(path.name + ".tmp")
+    _write_durably(temporary, lines)
+    os.replace(temporary, path)

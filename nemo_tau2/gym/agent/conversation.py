@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from nemo_tau2.gym.agent.episode_record import AgentToolCalls
-from nemo_tau2.gym.agent.tool_calls import ParsedCall
+from nemo_tau2.gym.agent.tool_calls import MALFORMED_CALL_ANSWER, ParsedCall
 from nemo_tau2.gym.agent.turns import Turn, item_text, message_item
 from nemo_tau2.gym.agent.user_strategies import UserSimulatorStats
 from nemo_tau2.gym.episode_config import EpisodeSettings
@@ -217,7 +217,7 @@ async def run_calls(
     started = time.perf_counter()
     for call_id, call in calls:
         if call.error is not None:
-            output, failed = f"Error: malformed tool call: {call.error}", True
+            output, failed = f"{MALFORMED_CALL_ANSWER}: {call.error}", True
         elif not _TOOL_NAME.match(call.name) or call.name in _RESERVED_ROUTES:
             output, failed = f"Error: Tool '{call.name}' not found.", True  # tau2's wording
         else:

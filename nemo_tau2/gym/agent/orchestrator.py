@@ -188,7 +188,15 @@ class EpisodeOrchestrator:
             user_simulator=state.user_simulator.report(self.user.strategy, state.user_turns),
             timings={key: round(value, 6) for key, value in state.seconds.items()} | {"total": round(total_s, 6)},
         )
-        return data.model_dump(mode="json") | metric_flags(data)
+        answer = data.model_dump(mode="json") | metric_flags(data)
+        if failure is not None and state.termination_reason is not None:  # played to its end, failed at /verify
+            # what re-scores it later without re-playing it (run_eval.py --rescore): the judge's outage is over
+            answer["unscored_episode"] = {
+                "termination_reason": state.termination_reason,
+                "tau2_messages": state.tau2_messages,
+                "transcript": state.outputs,  # what a scored episode's line keeps (the report, SFT rows)
+            }
+        return answer
 
 
 def token_counts(state: EpisodeState) -> dict[str, int]:

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from nemo_tau2.gym.agent.conversation import EpisodeState, RowError, final_response
+from nemo_tau2.gym.agent.tool_calls import REFUSED_CALL_ANSWER
 from nemo_tau2.gym.agent.turns import without_token_ids
 from nemo_tau2.gym.http_client import GymHttpClient, InfrastructureError, JsonResponse, RetryConfig
 from nemo_tau2.gym.model_server.routing import ReplicaRouter
@@ -79,7 +80,7 @@ class HttpTau2Session:
             expect_json=False,
         )
         if response.status in (400, 413):  # the body was the model's arguments: its mistake
-            return f"Error: the tool call was refused: {_detail(response)}", True
+            return f"{REFUSED_CALL_ANSWER}: {_detail(response)}", True
         if response.status != 200:
             raise response.failure(f"tool route /{name}")
         return response.text, response.headers.get(TOOL_ERROR_HEADER) == "1"
@@ -97,9 +98,10 @@ class HttpTau2Session:
             "responses_create_params": state.row["responses_create_params"],
             "response": response_object | {"output": [without_token_ids(item) for item in state.outputs]},
             "termination_reason": state.termination_reason,
+            # tau2's own trajectory: what a release in its own worker scores, and what the stored rollout keeps so
+            # that it can be re-scored later without its live session (v0.2.1's live verdict reads the episode)
+            "tau2_messages": state.tau2_messages,
         }
-        if state.tau2_version not in (None, "v0.2.1"):  # a release in its own worker scores tau2's own trajectory
-            body["tau2_messages"] = state.tau2_messages
         response = await self._post(state, "/verify", body, "verifying the episode")
         if response.status != 200:
             raise response.failure("/verify")

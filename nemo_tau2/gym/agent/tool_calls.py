@@ -13,6 +13,10 @@ from typing import Any
 
 import orjson
 
+# The agent's own answers to a call it never sent to the environment, as they stand in the trajectory: a call it
+# could not read, and one the resources server refused unrun. A replay of the trajectory leaves such calls unrun too.
+MALFORMED_CALL_ANSWER = "Error: malformed tool call"
+REFUSED_CALL_ANSWER = "Error: the tool call was refused"
 _TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 _FENCED = re.compile(r"```(?:json|tool_call)?\s*(.*?)\s*```", re.DOTALL)
 

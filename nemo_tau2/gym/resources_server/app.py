@@ -11,6 +11,8 @@ Protocol (NeMo-Gym cookies identify the episode, as in every stateful Gym resour
   ``X-Tau2-Tool-Error`` header says whether it counts as a tool error (tau2's ``max_errors`` limit).
 - ``POST /verify``: tau2's reward for the episode (see :mod:`nemo_tau2.tau2_env.reward`) with partial-credit
   components; ends the session once the answer is built, and keeps the verdict ``verdict_ttl_s`` for retries.
+  Without a live session, a body carrying the row and its ``tau2_messages`` is a stored episode, re-scored from its
+  trajectory (:mod:`.rescoring`; ``GET /reverify_mode`` says ``stateless``).
 
 Every request may carry an ``Idempotency-Key``; a retry with the same key is answered from the record and nothing
 runs twice (:mod:`.replay`). Protocol misuse (no live session, unknown domain/task, malformed JSON, oversized or
@@ -42,6 +44,7 @@ from nemo_tau2.gym.nemo_gym_compat import add_route_if_missing
 from nemo_tau2.gym.resources_server.in_process import call_tool, score_episode, start_episode
 from nemo_tau2.gym.resources_server.release import WorkerEpisode, WorkerRelease
 from nemo_tau2.gym.resources_server.replay import RecordedAnswer, describe, fingerprint, idempotency_key
+from nemo_tau2.gym.resources_server.rescoring import rescore, stored_row
 from nemo_tau2.gym.resources_server.scoring import InFlightScorings
 from nemo_tau2.gym.resources_server.sessions import Session, SessionStore, TooManySessionsError
 from nemo_tau2.gym.task_fields import Tau2TaskFields
@@ -324,7 +327,16 @@ class Tau2ResourcesServer(FastMiddlewareMixin, SimpleResourcesServer):
             self._sessions.replayed_answers += 1
             response.headers["X-Idempotent-Replay"] = "1"
             return Tau2VerifyResponse.model_validate(body.model_dump() | verdict.fields)
-        episode = self._live_session(request).episode
+        session = self._sessions.session(session_id)
+        if session is None:  # a stored episode, re-scored from its trajectory (or the 404 of a missing session)
+            if body.tau2_messages is None or session_id in self._scorings:
+                raise self._no_session(request)
+            row = stored_row(Tau2SeedSessionRequest, body.model_extra)  # the task, rebuilt from the row's fields
+            if (problem := self._row_problem(row)) is not None:
+                raise HTTPException(status_code=problem[0], detail=problem[1])
+            score = await rescore(self._release, row.domain, row.task_id, body.tau2_messages, body.termination_reason)
+            return Tau2VerifyResponse.model_validate(body.model_dump() | score)
+        episode = session.episode
         items = body.responses_create_params.model_dump().get("input") or []
         items = (items if isinstance(items, list) else []) + body.response.model_dump()["output"]
         request_name, request_fingerprint = describe("/verify", raw), fingerprint("/verify", raw)
@@ -367,9 +379,9 @@ class Tau2ResourcesServer(FastMiddlewareMixin, SimpleResourcesServer):
         return {"resources_session_id": session_id}
 
     async def get_reverify_mode(self) -> str:
-        """NeMo-Gym 0.7.0's ``/reverify_mode``: ``unsupported``, since a verdict needs the episode's live tau2
-        environment, which a stored rollout does not carry (``gym eval reverify`` cannot re-score one)."""
-        return "unsupported"
+        """NeMo-Gym 0.7.0's ``/reverify_mode``: ``stateless``, since a stored rollout's ``/verify`` body (its
+        ``tau2_messages``) is re-scored without its session (:mod:`.rescoring`)."""
+        return "stateless"
 
     async def session_stats(self) -> dict[str, int]:
         """Counts as they stand (reading them evicts nothing: the timer does)."""

@@ -61,8 +61,13 @@ def score_episode(episode: Episode, items: list[Any], termination_reason: str | 
     Raises:
         NLAssertionsNotEvaluatedError, ValueError: the task needs an LLM judge, or the termination is unknown.
     """
+    return score_texts(episode, assistant_texts(items), termination_reason)
+
+
+def score_texts(episode: Episode, texts: list[str], termination_reason: str | None) -> dict[str, Any]:
+    """:func:`score_episode` given the agent's texts (a stored trajectory's, when re-scored without a session)."""
     termination = termination_reason or ASSUMED_TERMINATION
-    result = evaluate_episode(episode, assistant_texts(items), termination)
+    result = evaluate_episode(episode, texts, termination)
     reward_info = result.reward_info.model_dump(mode="json")
     if termination_reason is None:
         reward_info["termination_reason_note"] = (

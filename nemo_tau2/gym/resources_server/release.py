@@ -168,20 +168,37 @@ class WorkerRelease:
                 f"tau2 {self.version} scores tau2's own trajectory: the /verify body needs tau2_messages (the "
                 "tau2 agent sends them)"
             )
+        counts = {"num_tool_calls": episode.num_tool_calls, "num_tool_errors": episode.num_tool_errors}
+        return self._verdict(episode.domain, episode.task_id, tau2_messages, termination_reason, counts)
+
+    def rescore(
+        self, domain: str, task_id: str, tau2_messages: list[dict], termination_reason: str | None, counts: dict
+    ) -> dict[str, Any]:
+        """A stored episode's verdict, with no live episode (:mod:`.rescoring`, which counts its tool calls from the
+        trajectory): the same scoring, on the same thread (:attr:`scoring`). Raises as :meth:`score_episode`."""
+        return self._verdict(domain, task_id, tau2_messages, termination_reason, counts)
+
+    def _verdict(
+        self, domain: str, task_id: str, messages: list[dict], termination_reason: str | None, counts: dict
+    ) -> dict[str, Any]:
         termination = termination_reason or "agent_stop"
-        scored = self.scorer.score(episode.domain, episode.task_id, tau2_messages, termination)
+        scored = self.scorer.score(domain, task_id, messages, termination)
         reward = scored["reward"]
-        return components(scored["reward_info"]) | {
-            "reward": reward,
-            "domain": episode.domain,
-            "task_id": episode.task_id,
-            "success": abs(reward - 1.0) <= SUCCESS_TOLERANCE,
-            "termination_reason": termination,
-            "num_tool_calls": episode.num_tool_calls,
-            "num_tool_errors": episode.num_tool_errors,
-            "reward_info": scored["reward_info"],
-            "retrieval": scored.get("retrieval"),  # a knowledge domain's searches and unlocks (worker: _search_log)
-        }
+        return (
+            components(scored["reward_info"])
+            | counts
+            | {
+                "reward": reward,
+                "domain": domain,
+                "task_id": task_id,
+                "success": abs(reward - 1.0) <= SUCCESS_TOLERANCE,
+                "termination_reason": termination,
+                "reward_info": scored["reward_info"],
+                "retrieval": scored.get(
+                    "retrieval"
+                ),  # a knowledge domain's searches and unlocks (worker: _search_log)
+            }
+        )
 
     def close(self) -> None:
         self.scoring.shutdown(wait=False, cancel_futures=True)

@@ -1,5 +1,5 @@
 """NeMo-Gym 0.7.0's resources-server routes, served on either release: ``/close_session`` frees the episode of the
-cookie, ``/reverify_mode`` says a stored rollout cannot be re-scored (the verdict needs the live environment)."""
+cookie, ``/reverify_mode`` says a stored rollout is re-scored without its session (``stateless``)."""
 
 import requests
 
@@ -24,6 +24,6 @@ def test_close_session_frees_the_episode_and_later_calls_get_no_session(resource
     assert again.status_code == 200  # closing a closed session succeeds
 
 
-def test_reverify_mode_is_unsupported(resources_server_url):
+def test_reverify_mode_is_stateless(resources_server_url):
     answer = requests.get(f"{resources_server_url}/reverify_mode", timeout=30)
-    assert (answer.status_code, answer.json()) == (200, "unsupported")
+    assert (answer.status_code, answer.json()) == (200, "stateless")

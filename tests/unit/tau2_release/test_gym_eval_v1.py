@@ -103,6 +103,27 @@ def test_v101_eval_rewards_equal_tau2_v101s_own_evaluation_and_a_judge_fault_is_
         for key, simulation in exported.items():
             assert simulation["reward_info"]["reward"] == ours[key]["reward"]
             assert len(simulation["messages"]) == len(ours[key]["tau2_messages"])
+    # the judge is back: --rescore gives the episode its outage left unscored a verdict (tau2 v1.0.1's own for its
+    # stored trajectory) and re-scores every other to the reward it had, without playing any episode again
+    rescored = subprocess.run(
+        [sys.executable, "examples/run_eval.py", "--rescore", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert rescored.returncode == 0, rescored.stderr[-2000:]
+    after = {(r["domain"], r["task_id"]): r for r in _records(tmp_path)}
+    recovered = after[("retail", FAULTY_NL_TASK)]
+    assert recovered["status"] == "ok" and recovered["rescored"]["previous"]["status"] == "infrastructure_error"
+    reference = worker.request(
+        "evaluate", domain="retail", task_id=FAULTY_NL_TASK, messages=recovered["tau2_messages"],
+        termination_reason=recovered["termination_reason"],
+    )  # fmt: skip
+    assert recovered["reward"] == reference["reward"] and recovered["reward_info"]["nl_assertions"]
+    assert {key: after[key]["reward"] for key in by_task} == {key: r["reward"] for key, r in by_task.items()}
+    report = json.loads((tmp_path / "summary.json").read_text())
+    assert report["rescore"]["recovered"] == 1 and report["rescore"]["refused"] == {}
+    assert report["metrics"]["eval/overall/num_infra_errors"] == 0 and report["infrastructure_causes"] == {}
     # SFT rows of this run: the release named by the runs' tau2 keys; refused under the default release (v0.2.1)
     command = [sys.executable, "examples/prepare_sft_data.py", "--rollouts", str(tmp_path / "rollouts.jsonl")]
     command += ["--allow-test-split", "--output", str(tmp_path / "sft.jsonl")]
@@ -112,5 +133,5 @@ def test_v101_eval_rewards_equal_tau2_v101s_own_evaluation_and_a_judge_fault_is_
     done = subprocess.run(command + release, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     rows = [json.loads(line) for line in (tmp_path / "sft.jsonl").read_text().splitlines()]
-    assert sorted((row["domain"], row["task_id"]) for row in rows) == sorted(by_task)
+    assert sorted((row["domain"], row["task_id"]) for row in rows) == sorted(after)  # the recovered one too
     assert {row["tau2_version"] for row in rows} == {"v1.0.1"}

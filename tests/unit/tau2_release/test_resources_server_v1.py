@@ -176,6 +176,27 @@ def test_a_judge_fault_is_a_502_naming_it_never_a_score_and_the_retry_scores(ser
     assert retried.status_code == 200 and retried.json()["reward"] == 1.0, retried.text
 
 
+VERDICT = ("reward", "success", "termination_reason", "reward_info", "num_tool_calls", "num_tool_errors")
+
+
+def test_a_stored_episode_is_rescored_without_its_session_by_the_release_and_its_judge(server_url, judge, nl_oracle):
+    """NeMo-Gym's reverify posts a stored rollout with no session: the release's evaluator and judge score its
+    trajectory again, to the live verdict; a judge fault there is a 502 too, and another release's row a 400."""
+    session, body = play(server_url, NL_TASK, nl_oracle)
+    live = post_verify(session, server_url, body).json()
+    stored = json.loads(body) | {"domain": "retail", "task_id": NL_TASK, "tau2_version": "v1.0.1"}
+    judge.inject("http_500", count=JUDGE_ATTEMPTS)
+    faulted = requests.post(f"{server_url}/verify", json=stored, timeout=WAIT_S)
+    assert faulted.status_code == 502 and "InternalServerError" in faulted.text, faulted.text
+    again = requests.post(f"{server_url}/verify", json=stored, timeout=WAIT_S)
+    assert again.status_code == 200, again.text
+    assert {key: again.json()[key] for key in VERDICT} == {key: live[key] for key in VERDICT}
+    assert live["reward"] == 1.0 and live["reward_info"]["nl_assertions"]  # the judge's verdict, again
+    other = requests.post(f"{server_url}/verify", json=stored | {"tau2_version": "v0.2.1"}, timeout=WAIT_S)
+    assert other.status_code == 400 and "the row is of tau2 v0.2.1" in other.text, other.text
+    assert requests.get(f"{server_url}/reverify_mode", timeout=WAIT_S).json() == "stateless"
+
+
 def test_a_worker_that_dies_is_a_502_naming_it_not_a_500(server_url, nl_oracle):
     session, body = play(server_url, NL_TASK, nl_oracle)
     # the episode worker and the scoring worker; an earlier test's worker may still be exiting (slower under
