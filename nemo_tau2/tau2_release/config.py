@@ -63,7 +63,8 @@ class RerankerConfig(ServiceEndpointConfig):
 
 class ShellConfig(BaseModel):
     """banking_knowledge's shell variants (``terminal_use``, ``terminal_use_write``, ``alltools*``): each command runs
-    in tau2's own sandbox (``srt``: bubblewrap, no network, writes only where the variant allows), bounded here."""
+    confined (bubblewrap: its knowledge base and the system folders, an empty environment, no network, writes only
+    where the variant allows) and bounded here."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -76,8 +77,9 @@ class ShellConfig(BaseModel):
     max_processes: int | None = Field(
         default=256,
         ge=16,
-        description="Processes and threads a command may have at once (a pids cgroup: a fork bomb stops there; srt "
-        "itself takes ~15); null: unbounded, as tau2 runs it (refused at start where no pids cgroup can be made).",
+        description="Processes and threads a command may have at once (a pids cgroup: a fork bomb stops there; "
+        "the sandbox itself takes 2); null: unbounded, as tau2 runs it (refused at start where no pids cgroup can be "
+        "made).",
     )
     max_output_bytes: int = Field(
         default=2_000_000,

@@ -48,7 +48,7 @@ class RunRetrieval:
 
 
 def variant_needs(variant) -> list:
-    """The outside services a variant calls: ``shell`` (tau2's sandbox: srt and bubblewrap), ``openai_embeddings``
+    """The outside services a variant calls: ``shell`` (tau2's sandbox, confined by bubblewrap), ``openai_embeddings``
     or ``openrouter_embeddings`` (an embedding endpoint), ``reranker`` (an LLM through litellm)."""
     needs = []
     if getattr(variant, "shell", None) is not None:

@@ -1,16 +1,19 @@
-"""banking_knowledge's shell variants, in tau2's own sandbox, each command bounded (runs in the worker).
+"""banking_knowledge's shell variants: tau2's sandbox, each command confined and bounded (runs in the worker).
 
 tau2 v1.0.1 runs a shell command with ``srt`` (bubblewrap: no network, the knowledge base read-only unless the
 variant allows writes, its own best-effort refusal of ``..``, ``~`` and absolute paths) through
-``subprocess.run(timeout=30)``. Two things that are fine for one evaluation run are not for a server that trains for
-days: at the timeout only ``srt`` is killed, so the command itself lives on (a ``sleep 1000`` outlives its episode;
-a fork bomb takes the machine), and the output is captured whole (``yes`` fills memory for 30 s). And every
-environment exports the 698 documents into a sandbox folder of its own that nothing removes (four per episode).
+``subprocess.run(timeout=30)``. What is fine for one evaluation run on a laptop is not for a server that trains for
+days on a node holding credentials: the command sees the server's environment and every file of the machine (srt
+denies reads of a short list only; a path written with ``printf`` passes tau2's text check); at the timeout only
+``srt`` is killed, so the command itself lives on (a ``sleep 1000`` outlives its episode; a fork bomb takes the
+machine); the output is captured whole (``yes`` fills memory for 30 s); and every environment exports the 698
+documents into a sandbox folder of its own that nothing removes (four per episode).
 
 :class:`BoundedSandbox` is tau2's ``SandboxManager`` with only the running of a command replaced, registered where
 tau2's ``_create_sandbox`` looks it up: the same refusal of escape patterns (tau2's own check and message), the same
-``srt`` command and settings, the same answer for what finishes within the bounds (exit code, output sanitised by
-tau2's code, its timeout message). The bounds (``tau2.shell``): the command's process group, and a pids cgroup with
+answer for what a real agent runs (exit code, output sanitised by tau2's code, its timeout message). The command runs
+confined by :mod:`nemo_tau2_tau2_confinement` (an allowlist: its knowledge base and the system folders, an empty
+environment, its own processes) and bounded (``tau2.shell``): the command's process group, and a pids cgroup with
 everything it starts, killed at ``timeout_s``; at most ``max_processes`` tasks; at most ``max_output_bytes`` of output.
 Sandboxes live under one folder per worker; those an episode's seed made are removed when it ends, any other when
 the request that made it is answered, the folder when the worker exits (and those of dead workers when one starts).
@@ -26,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import nemo_tau2_tau2_confinement as confinement
 import nemo_tau2_tau2_services as services
 
 _settings: dict = {}
@@ -51,12 +55,17 @@ def connect_shell(timeout_s: float, max_processes: int | None, max_output_bytes:
             "delegated cgroup v2 with the pids controller): run the servers as root, or set "
             "tau2.shell.max_processes=null to leave commands unbounded, as tau2 does"
         )
+    try:
+        plan = confinement.host_plan()
+    except confinement.ConfinementError as e:
+        needs = f"the shell's confinement cannot start: {e}"
+        raise services.Refused(f"{needs}: scripts/setup.sh sandbox installs it") from e
     root = Path(tempfile.gettempdir()) / f"{_ROOT_PREFIX}{os.getpid()}"
     _remove_dead_workers_folders(root.parent)
     root.mkdir(exist_ok=True)
     _settings.update(
         timeout_s=timeout_s, max_processes=max_processes, max_output_bytes=max_output_bytes, root=root,
-        hierarchy=hierarchy,
+        hierarchy=hierarchy, plan=plan,
     )  # fmt: skip
     if not getattr(sandbox_manager.SandboxManager, "nemo_tau2_bounded", False):
         sandbox_manager.SandboxManager = _bounded(sandbox_manager.SandboxManager)
@@ -93,6 +102,10 @@ def _bounded(base: type) -> type:
             super().__init__(*args, **kwargs)
             _transient.append(self)
 
+        def _create_srt_settings(self) -> None:
+            """No settings file: commands run under :mod:`nemo_tau2_tau2_confinement`, not ``srt``, and a file beside
+            the knowledge base would be one more thing a command could read."""
+
         def export_documents(self, documents, file_format: str = "txt"):
             """Read-only sandboxes share one export of the corpus per worker (tau2 writes the 698 files into every
             environment's folder: ~0.3 s, four times an episode); a writable one gets its own, as in tau2."""
@@ -118,8 +131,11 @@ def _bounded(base: type) -> type:
                 return super().run_command(command, timeout)  # tau2's refusal, word for word
             limit = _settings["timeout_s"]
             try:
-                code, stdout, stderr, outcome = _run_bounded(["srt", "--settings", str(self.settings_path), command],
-                                                             self.kb_dir)  # fmt: skip
+                code, stdout, stderr, outcome = _run_bounded(
+                    lambda status_fd: confinement.confined_argv(
+                        _settings["plan"], command, self.kb_dir, self.allow_writes, status_fd
+                    )
+                )
             except OSError as e:
                 services.record_fault(f"tau2's shell sandbox could not run a command ({type(e).__name__}: {e})")
                 raise
@@ -132,10 +148,7 @@ def _bounded(base: type) -> type:
                 stdout, stderr = _text(stdout), _text(stderr)
             except UnicodeDecodeError as e:
                 return 1, "", f"Command failed: {e}"  # what tau2's text-mode run answers
-            stdout, stderr = self._sanitize_output(stdout, command), self._sanitize_output(stderr, command)
-            if "sandbox dependencies are not available" in (stdout + stderr).lower():
-                services.record_fault("tau2's shell sandbox lost its dependencies (srt: bwrap, rg, socat)")
-            return code, stdout, stderr
+            return code, self._sanitize_output(stdout, command), self._sanitize_output(stderr, command)
 
     BoundedSandbox.__qualname__ = BoundedSandbox.__name__
     return BoundedSandbox
@@ -146,9 +159,39 @@ def _text(raw: bytes) -> str:
     return raw.decode().replace("\r\n", "\n").replace("\r", "\n")
 
 
-def _run_bounded(argv: list[str], cwd: Path) -> tuple[int, bytes, bytes, str]:
-    """Run ``argv`` in its own session and pids cgroup; kill all of it at the first bound it passes.
-    Returns (exit code, stdout, stderr, outcome): outcome ``done``, ``timeout`` or ``output``."""
+def _run_bounded(argv_for) -> tuple[int, bytes, bytes, str]:
+    """Run ``argv_for(status_fd)`` (bwrap, reporting on ``status_fd`` once the command started) in its own session
+    and pids cgroup; kill all of it at the first bound it passes. Returns (exit code, stdout, stderr, outcome):
+    outcome ``done``, ``timeout`` or ``output``. A sandbox that never started the command raises
+    :class:`ConfinementFailed` (the host's fault, never the command's answer)."""
+    status_read, status_write = os.pipe()
+    try:
+        code, stdout, stderr, outcome = _run_in_group(argv_for(status_write), status_write)
+    finally:
+        os.close(status_write)
+        started = _read_status(status_read)
+    if outcome == "done" and not started:
+        reason = stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit code {code}"]
+        raise ConfinementFailed(f"bubblewrap did not start the command: {reason[0]}")
+    return code, stdout, stderr, outcome
+
+
+def _read_status(fd: int) -> bool:
+    """Whether bwrap reported the command started (its JSON ``child-pid`` line); closes ``fd``."""
+    os.set_blocking(fd, False)
+    try:
+        return b"child-pid" in os.read(fd, 1 << 12)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+class ConfinementFailed(OSError):
+    """bubblewrap could not build the command's sandbox (a host fault: recorded, never scored)."""
+
+
+def _run_in_group(argv: list[str], status_fd: int) -> tuple[int, bytes, bytes, str]:
     group = _make_group()
     procs = str(group / "cgroup.procs") if group else None
 
@@ -158,8 +201,8 @@ def _run_bounded(argv: list[str], cwd: Path) -> tuple[int, bytes, bytes, str]:
                 handle.write(str(os.getpid()))
 
     process = subprocess.Popen(
-        argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        start_new_session=True, preexec_fn=enter_group,
+        argv, cwd="/", env=confinement.launch_environment(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, start_new_session=True, preexec_fn=enter_group, pass_fds=(status_fd,),
     )  # fmt: skip
     chunks = {process.stdout.fileno(): [], process.stderr.fileno(): []}
     open_fds, size, outcome = set(chunks), 0, "done"

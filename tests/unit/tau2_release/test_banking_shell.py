@@ -1,9 +1,9 @@
-"""banking_knowledge's shell variants in tau2's own sandbox (``srt``: bubblewrap, no network, writes only where the
-variant allows), every command bounded by ``tau2.shell``: both variants score and answer as tau2 v1.0.1's own run
-(``extra_reads`` reading through ``shell``); hostile commands each get tau2's refusal or a bounded answer, never a
-crash, a file outside the episode's folder or a process left behind; two episodes of the write variant see nothing
-of each other; an episode's sandbox goes with it, the worker's folder with the worker; a missing dependency is
-refused at start in one line."""
+"""banking_knowledge's shell variants, every command confined (bubblewrap: its knowledge base and the system folders,
+no network, writes only where the variant allows) and bounded by ``tau2.shell``: both variants score and answer as
+tau2 v1.0.1's own run (``extra_reads`` reading through ``shell``); hostile commands each get tau2's refusal or a
+bounded answer, never a crash, a file outside the episode's folder or a process left behind; two episodes of the
+write variant see nothing of each other; an episode's sandbox goes with it, the worker's folder with the worker; a
+missing dependency is refused at start in one line."""
 
 import os
 import shutil
@@ -14,40 +14,16 @@ from pathlib import Path
 import pytest
 
 from nemo_tau2.tau2_release.client import Tau2Worker, Tau2WorkerError
-from nemo_tau2.tau2_release.config import NLJudgeConfig, ShellConfig, Tau2ReleaseConfig
-from tests.tau2_v1_env import tau2_v1_python
 from tests.unit.tau2_release.episode_scripts import episode_scripts
+from tests.unit.tau2_release.shell_workers import TIMEOUT_S, shell_config
 from tests.unit.tau2_release.test_parity_v1 import assert_same_as_tau2, reference_results, start_references
 from tests.unit.tau2_release.worker_episodes import play, play_every_script
 
 DOMAIN = "banking_knowledge"
-TIMEOUT_S = 5
 SHELL_READS = [
     {"name": "shell", "arguments": {"command": "grep -ril 'overdraft' . | sort | head -5"}, "requestor": "assistant"},
     {"name": "shell", "arguments": {"command": "head -n 12 INDEX.md && wc -l INDEX.md"}, "requestor": "assistant"},
 ]
-
-
-def _config(judge, variant: str) -> Tau2ReleaseConfig:
-    return Tau2ReleaseConfig(
-        version="v1.0.1",
-        python=tau2_v1_python(),
-        judge=NLJudgeConfig(model="scripted-judge", base_url=judge.base_url, max_attempts=1),
-        retrieval_variant=variant,
-        shell=ShellConfig(timeout_s=TIMEOUT_S, max_processes=64),
-    )
-
-
-@pytest.fixture(scope="module")
-def writable(judge):
-    with Tau2Worker(_config(judge, "terminal_use_write")) as worker:
-        yield worker
-
-
-@pytest.fixture(scope="module")
-def read_only(judge):
-    with Tau2Worker(_config(judge, "terminal_use")) as worker:
-        yield worker
 
 
 def _shell(worker: Tau2Worker, episode: dict, command: str) -> str:
@@ -136,13 +112,13 @@ def test_writes_stay_in_their_episode_and_go_with_it(writable, read_only):
 
 
 def test_the_worker_takes_its_sandboxes_with_it_and_a_missing_dependency_is_refused(judge, tmp_path, monkeypatch):
-    with Tau2Worker(_config(judge, "terminal_use")) as worker:
+    with Tau2Worker(shell_config(judge, "terminal_use")) as worker:
         root = Path(worker.retrieval["shell"]["sandboxes"])
         worker.request("seed", domain=DOMAIN, task_id="task_001")  # never ended
         assert root.is_dir()
     assert not root.exists()
 
-    config = _config(judge, "terminal_use")
+    config = shell_config(judge, "terminal_use")
     for tool in ("rg", "bwrap", "socat"):  # everything the sandbox needs but srt
         os.symlink(shutil.which(tool), tmp_path / tool)
     monkeypatch.setenv("PATH", str(tmp_path))

@@ -1,13 +1,14 @@
 """tau2 v1.0.1 itself scoring the parity test's scripted episodes; runs in v1.0.1's environment, not the project's.
 
 Reads ``{"domains": [...], "judge_base_url": ..., "task_ids": {domain: [...]}, "retrieval_variant": ...,
-"reads": [...]}`` on stdin (a domain missing from ``task_ids``: all its base tasks; ``reads``: the knowledge reads
-of ``extra_reads``). For every base task of each domain it plays every script of ``episode_scripts`` with tau2's own
-parts only (``build_environment`` with the arguments its runner builds for the task, ``_build_env_kwargs``, which
-for banking_knowledge adds the retrieval variant; the task's initial state as the orchestrator applies it;
-``Environment.get_response``; tau2's message models) and scores it with ``evaluate_simulation(..., ALL)``, the
-NL-assertion judge pointed at the same scripted judge. Writes ``{"<domain>/<task>/<script>": {"reward",
-"reward_basis", "reward_breakdown", "tool_answers"}}`` on stdout.
+"reads": [...], "scripts": [...]}`` on stdin (a domain missing from ``task_ids``: all its base tasks; ``reads``: the
+knowledge reads of ``extra_reads``; ``scripts``, optional: the only scripts played). For every base task of each
+domain it plays every script of ``episode_scripts`` with tau2's own parts only (``build_environment`` with the
+arguments its runner builds for the task, ``_build_env_kwargs``, which for banking_knowledge adds the retrieval
+variant; the task's initial state as the orchestrator applies it; ``Environment.get_response``; tau2's message
+models) and scores it with ``evaluate_simulation(..., ALL)``, the NL-assertion judge pointed at the same scripted
+judge. Writes ``{"<domain>/<task>/<script>": {"reward", "reward_basis", "reward_breakdown", "tool_answers"}}`` on
+stdout.
 """
 
 import json
@@ -97,6 +98,8 @@ def main() -> None:
             greeting = DEFAULT_FIRST_AGENT_MESSAGE.content
             scripts = episode_scripts(task.model_dump(mode="json"), greeting, request.get("reads"))
             for name, script in scripts.items():
+                if name not in request.get("scripts", scripts):
+                    continue
                 results[f"{domain}/{task.id}/{name}"] = play(domain, task, script, run)
     _OUT.write(json.dumps(results))
     _OUT.flush()
