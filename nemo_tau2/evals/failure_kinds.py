@@ -29,13 +29,13 @@ def kind_key(kind: str) -> str:
 
 
 def ending_metrics(prefix: str, records: Sequence[Any]) -> dict[str, float]:
-    """The shares above for ``records`` (objects with ``status``, ``termination_reason``, ``failure_kind`` and
+    """The shares above for ``records`` (objects with ``status``, ``termination_reason``, ``tau2_failure_kind`` and
     ``agent_tool_calls``), each key under ``prefix``; empty when no record carries a kind (a single-turn eval)."""
-    known = [r for r in records if r.failure_kind is not None]
+    known = [r for r in records if r.tau2_failure_kind is not None]
     if not known:
         return {}
     out: dict[str, float] = {}
-    kinds = Counter(str(r.failure_kind) for r in known)
+    kinds = Counter(str(r.tau2_failure_kind) for r in known)
     for kind in KINDS:
         out[f"{prefix}/{kind_key(kind)}"] = kinds[kind] / len(known)
     if len(known) < len(records):

@@ -107,7 +107,7 @@ class EpisodeRecord:
     # a knowledge domain's searches, documents found and tools unlocked against gold (None elsewhere, and in records
     # written before it was recorded): its document_recall and unlock_recall are averaged
     retrieval: dict[str, Any] | None = None
-    failure_kind: str | None = None  # how it ended (evals.failure_kinds); None in records written before it
+    tau2_failure_kind: str | None = None  # how it ended (evals.failure_kinds); None in records written before it
     agent_tool_calls: dict[str, Any] | None = None  # the policy's calls: total, malformed, hallucinated, transfer
 
     def __post_init__(self) -> None:
@@ -145,7 +145,7 @@ class EpisodeRecord:
 
 
 _RECORD_FIELDS = tuple(f.name for f in fields(EpisodeRecord))
-_OPTIONAL_FIELDS = ("retrieval", "failure_kind", "agent_tool_calls")  # absent from records written before them
+_OPTIONAL_FIELDS = ("retrieval", "tau2_failure_kind", "agent_tool_calls")  # absent from records written before them
 _RETRIEVAL_MEANS = ("document_recall", "unlock_recall")  # of ``retrieval``, averaged where not None
 
 

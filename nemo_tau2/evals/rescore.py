@@ -123,7 +123,7 @@ def apply_verdict(record: dict[str, Any], verdict: dict[str, Any]) -> dict[str, 
         updated.pop("unscored_episode", None)
         calls = record.get("agent_tool_calls")
         if calls is not None:
-            updated["failure_kind"] = failure_kind(False, verdict["termination_reason"], AgentToolCalls(**calls))
+            updated["tau2_failure_kind"] = failure_kind(False, verdict["termination_reason"], AgentToolCalls(**calls))
     updated["rescored"] = {"previous": previous, "reward_changed": previous["reward"] != updated["reward"]}
     return updated
 

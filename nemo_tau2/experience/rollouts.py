@@ -92,7 +92,7 @@ class RolloutResult:
     retrieval: dict[str, Any] | None = None  # a knowledge domain's searches, documents found and tools unlocked
     termination_reason: str | None = None
     truncated_by: str | None = None
-    failure_kind: FailureKind | None = None  # how it ended (None only in results built before it was recorded)
+    tau2_failure_kind: FailureKind | None = None  # how it ended (None only in results built before it was recorded)
     agent_tool_calls: dict[str, Any] | None = None  # the policy's calls: total, malformed, hallucinated, transfer
     # an infrastructure failure at /verify (the judge's outage): its termination and trajectory, to re-score it later
     unscored_episode: dict[str, Any] | None = None
@@ -174,7 +174,7 @@ def result_from_response(
         return RolloutResult(
             **base,
             status=EpisodeStatus.INFRASTRUCTURE_ERROR,
-            failure_kind=FailureKind.INFRASTRUCTURE,
+            tau2_failure_kind=FailureKind.INFRASTRUCTURE,
             agent_tool_calls=body.get("agent_tool_calls") if isinstance(body, dict) else None,
             unscored_episode=body.get("unscored_episode") if isinstance(body, dict) else None,
             policy_model=body.get("policy_model") if isinstance(body, dict) else None,

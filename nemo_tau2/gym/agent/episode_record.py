@@ -11,6 +11,7 @@ caller's: ``sample_index``/``_ng_rollout_index`` of its row, and the tail of ``c
 termination and the infrastructure failure are flags beside tau2's components (:func:`metric_flags`).
 """
 
+import json
 from enum import StrEnum
 from typing import Any
 
@@ -79,6 +80,28 @@ def failure_kind(infrastructure: bool, termination_reason: str | None, calls: Ag
     return FailureKind.ENDED_NORMALLY
 
 
+#: Where a stored rollout's ``response`` carries the episode's trajectory (Responses ``metadata``: text values), so
+#: that a rollout re-scored from its row and ``response`` alone (NeMo-Gym >= 0.7's ``gym eval reverify``) has it.
+TRAJECTORY_KEY, TERMINATION_KEY = "tau2_messages", "tau2_termination_reason"
+
+
+def trajectory_metadata(tau2_messages: list[dict], termination_reason: str | None) -> dict[str, str]:
+    """The ``metadata`` of an episode's final ``response``: its trajectory (JSON text) and termination."""
+    return {TRAJECTORY_KEY: json.dumps(tau2_messages, ensure_ascii=False), TERMINATION_KEY: termination_reason or ""}
+
+
+def trajectory_of(metadata: dict[str, str] | None) -> tuple[Any, str | None]:
+    """``(tau2_messages, termination_reason)`` from a stored ``response``'s ``metadata``; ``(None, None)`` without
+    them, and text that is not JSON as it stands (the re-scoring refuses it, saying why)."""
+    if not metadata or TRAJECTORY_KEY not in metadata:
+        return None, None
+    try:
+        messages = json.loads(metadata[TRAJECTORY_KEY])
+    except json.JSONDecodeError:
+        messages = metadata[TRAJECTORY_KEY]
+    return messages, metadata.get(TERMINATION_KEY) or None
+
+
 class TokenContiguity(BaseModel):
     """Whether each policy turn's prompt ids extend the previous turn's prompt + generation (training needs it)."""
 
@@ -116,7 +139,10 @@ class EpisodeData(BaseModel):
     )
     termination_reason: str | None = Field(description="tau2's termination reason (None: the episode failed).")
     truncated_by: str | None = Field(description="The limit that cut the episode (max_steps, max_turns), if any.")
-    failure_kind: FailureKind = Field(description="How the episode ended (see FailureKind).")
+    tau2_failure_kind: FailureKind = Field(
+        description="How the episode ended (see FailureKind). Not NeMo-Gym >= 0.7's own failure_kind, which names an "
+        "infrastructure failure in its vocabulary and is unset on a sample measured normally."
+    )
     agent_tool_calls: AgentToolCalls
     num_turns: int = Field(ge=0, description="Policy turns (model calls of the policy).")
     num_user_turns: int = Field(ge=0)

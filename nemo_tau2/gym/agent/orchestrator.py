@@ -172,7 +172,7 @@ class EpisodeOrchestrator:
             unreachable=None if failure is None else failure.server,
             termination_reason=state.termination_reason if failure is None else None,
             truncated_by=state.truncated_by,
-            failure_kind=failure_kind(failure is not None, state.termination_reason, state.agent_calls),
+            tau2_failure_kind=failure_kind(failure is not None, state.termination_reason, state.agent_calls),
             agent_tool_calls=state.agent_calls,
             num_turns=state.policy_turns,
             num_user_turns=state.user_turns,

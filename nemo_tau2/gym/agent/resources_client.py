@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from nemo_tau2.gym.agent.conversation import EpisodeState, RowError, final_response
+from nemo_tau2.gym.agent.episode_record import trajectory_metadata
 from nemo_tau2.gym.agent.tool_calls import REFUSED_CALL_ANSWER
 from nemo_tau2.gym.agent.turns import without_token_ids
 from nemo_tau2.gym.http_client import GymHttpClient, InfrastructureError, JsonResponse, RetryConfig
@@ -105,7 +106,9 @@ class HttpTau2Session:
         response = await self._post(state, "/verify", body, "verifying the episode")
         if response.status != 200:
             raise response.failure("/verify")
-        response.body["response"] = response_object
+        # the stored rollout's response carries the trajectory: a re-scoring from the row and response alone has it
+        metadata = trajectory_metadata(state.tau2_messages, state.termination_reason)
+        response.body["response"] = response_object | {"metadata": metadata}
         return response.body
 
     async def end(self, state: EpisodeState) -> None:

@@ -38,6 +38,7 @@ from nemo_gym.base_resources_server import (
 from nemo_gym.server_utils import SESSION_ID_KEY
 from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
+from nemo_tau2.gym.agent.episode_record import trajectory_of
 from nemo_tau2.gym.config_keys import GymInstanceConfigMixin, RequestLimitsMixin
 from nemo_tau2.gym.fast_middleware import FastMiddlewareMixin
 from nemo_tau2.gym.nemo_gym_compat import add_route_if_missing
@@ -329,12 +330,15 @@ class Tau2ResourcesServer(FastMiddlewareMixin, SimpleResourcesServer):
             return Tau2VerifyResponse.model_validate(body.model_dump() | verdict.fields)
         session = self._sessions.session(session_id)
         if session is None:  # a stored episode, re-scored from its trajectory (or the 404 of a missing session)
-            if body.tau2_messages is None or session_id in self._scorings:
+            messages, termination = body.tau2_messages, body.termination_reason
+            if messages is None:  # NeMo-Gym's reverify posts the row and the stored response: it carries them
+                messages, termination = trajectory_of(body.response.metadata)
+            if messages is None or session_id in self._scorings:
                 raise self._no_session(request)
             row = stored_row(Tau2SeedSessionRequest, body.model_extra)  # the task, rebuilt from the row's fields
             if (problem := self._row_problem(row)) is not None:
                 raise HTTPException(status_code=problem[0], detail=problem[1])
-            score = await rescore(self._release, row.domain, row.task_id, body.tau2_messages, body.termination_reason)
+            score = await rescore(self._release, row.domain, row.task_id, messages, termination)
             return Tau2VerifyResponse.model_validate(body.model_dump() | score)
         episode = session.episode
         items = body.responses_create_params.model_dump().get("input") or []

@@ -53,7 +53,7 @@ def test_oracle_policy_scores_pass_at_1_and_pass_hat_4_of_one_in_every_domain(tm
     assert saved_config["eval"]["save_path"] == str(tmp_path)
     assert "pass^4" in table and "Telecom" in table
     # how each episode ended, on its line, in the summary per domain, and in the table
-    assert {r["failure_kind"] for r in records} <= {"ended_normally", "transfer"}
+    assert {r["tau2_failure_kind"] for r in records} <= {"ended_normally", "transfer"}
     for scope in ("overall", "airline", "retail", "telecom"):
         shares = [metrics[f"eval/{scope}/failure_kind/{kind}/pct"] for kind in ("ended_normally", "transfer")]
         assert sum(shares) == pytest.approx(1.0)

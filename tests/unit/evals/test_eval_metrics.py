@@ -300,10 +300,10 @@ def test_bootstrap_is_stratified_by_domain():
 
 def _ended(domain, kind, reason="user_stop", calls=1, hallucinated=0, transfer=False):
     if kind == "infrastructure":
-        return EpisodeRecord(domain, "1", None, None, status="infrastructure_error", failure_kind=kind)
+        return EpisodeRecord(domain, "1", None, None, status="infrastructure_error", tau2_failure_kind=kind)
     counts = {"total": calls, "malformed": 0, "hallucinated": hallucinated, "transfer_to_human_agents": transfer}
     return EpisodeRecord(
-        domain, "1", False, 0.0, termination_reason=reason, failure_kind=kind, agent_tool_calls=counts
+        domain, "1", False, 0.0, termination_reason=reason, tau2_failure_kind=kind, agent_tool_calls=counts
     )
 
 

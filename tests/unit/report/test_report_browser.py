@@ -81,7 +81,7 @@ def test_clicking_a_cell_opens_its_transcript_with_its_task_id_and_reward(evals,
 def test_the_failure_kinds_table_shows_each_domains_share_of_every_ending(evals, single_report, browser):
     page = open_report(browser, single_report).page
     episodes = list(latest_records(records(evals[1])).values())
-    assert len({r["failure_kind"] for r in episodes}) > 1  # shares other than 0 and 100 to tell apart
+    assert len({r["tau2_failure_kind"] for r in episodes}) > 1  # shares other than 0 and 100 to tell apart
     scopes = page.eval_on_selector_all(
         "#failure-kinds-table tr:first-child th", "cells => cells.map(c => c.textContent)"
     )
@@ -92,7 +92,7 @@ def test_the_failure_kinds_table_shows_each_domains_share_of_every_ending(evals,
         )
         for scope, shown in zip(scopes[1:], cells[1:], strict=True):
             scoped = [r for r in episodes if scope == "overall" or r["domain"] == scope]
-            share = sum(r["failure_kind"] == kind for r in scoped) / len(scoped)
+            share = sum(r["tau2_failure_kind"] == kind for r in scoped) / len(scoped)
             assert shown == f"{100 * share:.1f}", (kind, scope)
     transfer = page.eval_on_selector_all(
         '#failure-kinds-table tr[data-kind="trajectory_transfer_to_human_agents"] td',

@@ -32,7 +32,7 @@ def test_oracle_policy_and_scripted_user_score_one_on_every_base_task(fresh_stac
         assert body["num_tool_errors"] < 10  # a few gold actions fail in tau2 too (its evaluator ignores them)
         # a transfer is how an episode ends, right or wrong: some tasks' gold is to transfer
         gold = [action.name for action in (task.evaluation_criteria.actions or [])]
-        assert body["failure_kind"] == ("transfer" if "transfer_to_human_agents" in gold else "ended_normally")
+        assert body["tau2_failure_kind"] == ("transfer" if "transfer_to_human_agents" in gold else "ended_normally")
         assert body["agent_tool_calls"]["malformed"] == body["agent_tool_calls"]["hallucinated"] == 0
 
 
@@ -67,7 +67,7 @@ def test_transfer_to_a_human_is_a_user_stop(fresh_stack):
     status, body = fresh_stack.run("airline", "11")
     assert status == 200 and body["termination_reason"] == "user_stop"
     assert any(item.get("name") == "transfer_to_human_agents" for item in body["response"]["output"])
-    assert body["failure_kind"] == "transfer" and body["agent_tool_calls"]["transfer_to_human_agents"] is True
+    assert body["tau2_failure_kind"] == "transfer" and body["agent_tool_calls"]["transfer_to_human_agents"] is True
 
 
 def test_a_conversation_that_never_ends_stops_at_max_steps(fresh_stack):
@@ -76,7 +76,7 @@ def test_a_conversation_that_never_ends_stops_at_max_steps(fresh_stack):
     status, body = fresh_stack.run("airline", "11")
     assert status == 200
     assert (body["termination_reason"], body["truncated_by"], body["num_steps"]) == ("max_steps", "max_steps", 200)
-    assert body["reward"] == 0.0 and body["failure_kind"] == "max_steps"
+    assert body["reward"] == 0.0 and body["tau2_failure_kind"] == "max_steps"
     assert body["agent_tool_calls"]["total"] == 0  # NeMo-Gym's "missing tool call"
 
 
@@ -87,7 +87,7 @@ def test_ten_tool_errors_end_the_episode(fresh_stack):
     assert body["termination_reason"] == "too_many_errors" and body["num_tool_errors"] == 10 and body["reward"] == 0.0
     outputs = [item["output"] for item in body["response"]["output"] if item.get("type") == "function_call_output"]
     assert outputs[0] == "Error: Tool 'launch_rocket' not found."
-    assert body["failure_kind"] == "tool_error_cap"  # the cap outranks what the calls were
+    assert body["tau2_failure_kind"] == "tool_error_cap"  # the cap outranks what the calls were
     assert body["agent_tool_calls"] == {
         "total": 10,
         "malformed": 0,
@@ -102,7 +102,7 @@ def test_malformed_text_tool_calls_are_tool_errors(fresh_stack):
     assert status == 200 and body["termination_reason"] == "too_many_errors"
     outputs = [item["output"] for item in body["response"]["output"] if item.get("type") == "function_call_output"]
     assert outputs[0].startswith("Error: malformed tool call")
-    assert body["failure_kind"] == "tool_error_cap" and body["agent_tool_calls"]["malformed"] == 10
+    assert body["tau2_failure_kind"] == "tool_error_cap" and body["agent_tool_calls"]["malformed"] == 10
     # the history goes back to the model server every turn, and llama.cpp and vLLM parse each call's arguments again
     calls = [item for item in body["response"]["output"] if item.get("type") == "function_call"]
     assert calls and all(loads_standard(call["arguments"]) == '{"name": "get_user_details", "argu' for call in calls)
@@ -136,14 +136,14 @@ def test_one_bad_call_in_an_episode_that_ends_normally_is_its_failure_kind(fresh
     fresh_stack.provider.policy = TurnListScript([first_turn, Turn.say("Is there anything else I can help with?")])
     status, body = fresh_stack.run("airline", "11")
     assert status == 200 and body["termination_reason"] == "user_stop" and body["num_tool_errors"] == 1
-    assert body["failure_kind"] == kind and body["agent_tool_calls"]["total"] == 1
+    assert body["tau2_failure_kind"] == kind and body["agent_tool_calls"]["total"] == 1
 
 
 def test_an_empty_agent_message_is_an_agent_error(fresh_stack):
     fresh_stack.provider.policy = say("   ")
     status, body = fresh_stack.run("airline", "11")
     assert status == 200 and body["termination_reason"] == "agent_error" and body["reward"] == 0.0
-    assert body["failure_kind"] == "empty_message"
+    assert body["tau2_failure_kind"] == "empty_message"
 
 
 def test_an_empty_user_message_is_retried_then_a_user_error(fresh_stack):

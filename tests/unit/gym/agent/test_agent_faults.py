@@ -33,7 +33,7 @@ def test_an_endpoint_that_keeps_failing_ends_the_episode_as_an_infrastructure_er
     assert time.monotonic() - started < 60
     assert status == 502
     assert body["status"] == "infrastructure_error" and cause in body["error"]
-    assert body["failure_kind"] == "infrastructure"
+    assert body["tau2_failure_kind"] == "infrastructure"
     assert "reward" not in body
     assert _live_sessions(fresh_stack) == 0  # the failed episode's tau2 session was ended
 

@@ -10,6 +10,7 @@ import requests
 
 from nemo_tau2.gym.stack import RESOURCES_SERVER
 from nemo_tau2.tau2_env import domains
+from nemo_tau2.tau2_env.gym_rows import task_row
 from nemo_tau2.testing import PolicyScriptConfig
 from nemo_tau2.testing.scripts import Turn, TurnListScript
 
@@ -65,6 +66,17 @@ def test_every_stored_episode_gets_its_live_verdict_again(stored):
     assert requests.get(f"{url}/reverify_mode", timeout=30).json() == "stateless"
 
 
+def test_nemo_gym_reverifys_payload_the_row_and_the_stored_response_gets_the_verdict_again(stored):
+    """NeMo-Gym 0.7.0's ``gym eval reverify`` posts each materialized input row with the rollout's ``response``
+    (``_build_verify_payload``): the response carries the trajectory in its ``metadata``."""
+    url, episodes = stored
+    for body in episodes:
+        payload = task_row(body["domain"], body["task_id"]) | {"_ng_task_index": 0, "response": body["response"]}
+        again = verify(url, payload)
+        assert again.status_code == 200, again.text[-300:]
+        assert {key: again.json()[key] for key in VERDICT} == {key: body[key] for key in VERDICT}, body["task_id"]
+
+
 def _edited(body: dict, edit) -> dict:
     body = copy.deepcopy(body)
     edit(body)
@@ -84,7 +96,7 @@ def _answer_dropped(body: dict) -> None:
 @pytest.mark.parametrize(
     ("edit", "status", "reason"),
     [
-        (lambda b: b.pop("tau2_messages"), 404, "no live tau2 session"),
+        (lambda b: b.pop("tau2_messages") and b["response"].pop("metadata"), 404, "no live tau2 session"),
         (lambda b: b.pop("task_id"), 400, "needs the row's domain and task_id (task_id: Field required)"),
         (lambda b: b.update(tau2_version="v1.0.1"), 400, "the row is of tau2 v1.0.1"),
         (lambda b: b.update(task_id="no-such-task"), 404, "no-such-task"),
