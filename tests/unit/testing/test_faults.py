@@ -82,10 +82,13 @@ async def test_close_releases_held_requests(http):
     fake.register_script("a", [Turn.say("x")])
     fake.inject_fault("timeout", hold_s=600)
     request = asyncio.ensure_future(_status(http, fake))
-    await asyncio.sleep(0.2)
+    deadline = time.monotonic() + 30
+    while fake.stats().faults_by_kind["timeout"] < 1:  # held, however long the request took to arrive
+        assert time.monotonic() < deadline, "the request never reached the fake"
+        await asyncio.sleep(0.05)
     start = time.monotonic()
     await asyncio.to_thread(fake.close)
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 30  # not the 600 s hold
     with pytest.raises(aiohttp.ServerDisconnectedError):
         await request
 
