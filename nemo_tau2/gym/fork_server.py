@@ -16,12 +16,16 @@ Isolation, as with separate interpreters:
   are that file.
 - **Lifetimes**: each server is its own session (``stop`` takes down anything it spawns); it dies with the fork
   server, which dies with the launcher (``PR_SET_PDEATHSIG``), so a killed launcher leaves no orphan. The fork
-  server reaps its servers and tells the launcher which one exited and how.
+  server reaps its servers and tells the launcher which one exited and how. Once they are stopped, its objects are
+  frozen (``gc.freeze``) before the interpreter's teardown: the collector walking the ~570,000 objects of the server
+  classes' imports took 4.7 s on an idle 2-core box, and 12 s at load 8, in every stop of a Gym stack (the launcher
+  waits for it); frozen, it is a fraction of a second (atexit handlers, coverage's among them, still run).
 
 Protocol: JSON messages over a ``SOCK_SEQPACKET`` Unix socket pair (one message per packet, descriptors alongside).
 """
 
 import contextlib
+import gc
 import json
 import os
 import select
@@ -302,6 +306,7 @@ def main(argv: list[str]) -> None:
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finish stopping the servers
         _stop_children(children, None)
+        gc.freeze()  # the teardown that follows leaves the imports' objects to the process's end (module docstring)
 
 
 if __name__ == "__main__":
