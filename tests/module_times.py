@@ -6,9 +6,10 @@ package or the session shares counts in the first module that uses it. Under pyt
 controller, which does the sums, so a module's time is its wall time on the worker that ran it.
 
 At the end of the session the times are written to :data:`TIMES_FILE` (``.ci/run`` prints them, sorted, with
-``python -m tests.module_times``), and a module that ran past its budget fails the session: past ``budget x
-margin_factor + margin_s`` (a noisy box's margin), the budget being its entry in ``tests/module_budgets.toml`` or that
-table's ``default``. So a new slow module carries its budget in the same change, where a reviewer sees it.
+``python -m tests.module_times``; every 30 s meanwhile too, so a session killed midway leaves its times so far), and
+a module that ran past its budget fails the session: past ``budget x margin_factor + margin_s`` (a noisy box's
+margin), the budget being its entry in ``tests/module_budgets.toml`` or that table's ``default``. So a new slow module
+carries its budget in the same change, where a reviewer sees it.
 ``--no-module-budgets`` records without checking (a debugger session, a coverage run's overhead).
 """
 
@@ -25,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BUDGETS_FILE = ROOT / "tests" / "module_budgets.toml"
 TIMES_FILE = ROOT / ".pytest_cache" / "module_times.json"
 UNIT_PREFIX = "tests/unit/"
+PARTIAL_EVERY_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -86,23 +88,34 @@ class ModuleClock:
         self.path = Path(config.getoption("--module-times"))
         self.seconds: dict[str, float] = {}
         self.over: list[str] = []
+        self.written = time.monotonic()
         self.path.unlink(missing_ok=True)  # a session that runs nothing leaves no times behind, not the last ones
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         module = module_of(report.nodeid)
         self.seconds[module] = self.seconds.get(module, 0.0) + report.duration
+        if time.monotonic() - self.written > PARTIAL_EVERY_S:  # a session killed midway leaves its times so far
+            self._write(finished=None)
 
-    @pytest.hookimpl(trylast=True)
-    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        if not self.seconds:
-            return
+    def _write(self, finished: float | None) -> list[dict]:
         records = [
             {"module": module, "seconds": round(seconds, 1), "budget_s": self.budgets.budget(module),
              "allowed_s": self.budgets.allowed(module)}
             for module, seconds in sorted(self.seconds.items(), key=lambda item: -item[1])
         ]  # fmt: skip
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps({"finished": time.time(), "modules": records}, indent=1) + "\n")
+        temporary = self.path.with_name(f"{self.path.name}.tmp")
+        temporary.write_text(json.dumps({"finished": finished, "modules": records}, indent=1) + "\n")
+        temporary.replace(self.path)
+        self.written = time.monotonic()
+        return records
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if not self.seconds:
+            self.path.unlink(missing_ok=True)
+            return
+        records = self._write(finished=time.time())
         if self.config.getoption("--no-module-budgets"):
             return
         self.over = [
@@ -129,8 +142,10 @@ def print_times(path: Path = TIMES_FILE) -> int:
     if not path.is_file():
         print(f"no module times at {path}: the session ran no test", file=sys.stderr)
         return 1
-    records = json.loads(path.read_text())["modules"]
-    print(f"module times ({len(records)} modules, {sum(r['seconds'] for r in records):.0f} s in all):")
+    times = json.loads(path.read_text())
+    records = times["modules"]
+    cut_short = "" if times["finished"] else ", so far: the session did not finish"
+    print(f"module times ({len(records)} modules, {sum(r['seconds'] for r in records):.0f} s in all{cut_short}):")
     print(f"{'seconds':>8} {'budget':>7} {'allowed':>8}  module")
     for r in records:
         flag = "  OVER" if r["seconds"] > r["allowed_s"] else ""

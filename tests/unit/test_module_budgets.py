@@ -1,11 +1,13 @@
 """The module budgets (tests/module_times.py): a session records each module's wall time, its module fixtures
 included, and fails when a module runs past its budget with the margin; a table naming a module that does not exist
-stops the session. Tiny modules in pytester's folder, with a table of their own."""
+stops the session; the times are written as the session goes. Tiny modules in pytester's folder, with a table of
+their own."""
 
 import json
 
 import pytest
 
+from tests import module_times
 from tests.module_times import BUDGETS_FILE, Budgets, print_times
 
 pytest_plugins = ["pytester"]
@@ -93,3 +95,20 @@ def test_the_suites_table_is_read_and_its_margin_is_generous():
     budgets = Budgets.load(BUDGETS_FILE)
     assert budgets.default_s > 0 and budgets.margin_factor >= 1.5 and budgets.margin_s >= 60
     assert budgets.allowed("no/such_module.py") == budgets.default_s * budgets.margin_factor + budgets.margin_s
+
+
+def test_a_session_writes_its_times_as_it_goes_so_one_killed_midway_leaves_them(pytester, monkeypatch):
+    monkeypatch.setattr(module_times, "PARTIAL_EVERY_S", 0.0)
+    times = pytester.path / "times.json"
+    monkeypatch.setenv("MODULE_TIMES", str(times))
+    reads_them = """
+import json, os
+from pathlib import Path
+
+def test_the_times_so_far():
+    times = json.loads(Path(os.environ["MODULE_TIMES"]).read_text())
+    assert times["finished"] is None and "test_a_first.py" in [r["module"] for r in times["modules"]]
+"""
+    result = _run(pytester, {}, test_a_first=QUICK_MODULE, test_b_second=reads_them)
+    result.assert_outcomes(passed=3)
+    assert json.loads(times.read_text())["finished"] is not None
