@@ -5,6 +5,7 @@ an ``Error: ...`` tool message), in the order they happen. That is exactly the r
 on a finished trajectory, so the live environment *is* tau2's "predicted environment" and needs no replay.
 """
 
+import copy
 import time
 from dataclasses import dataclass, field
 from typing import Literal
@@ -61,6 +62,14 @@ class Episode:
         env = domains.new_environment(domain)
         apply_initial_state(env, task)
         return cls(domain=domain, task=task, env=env)
+
+    def fork(self, n: int) -> list["Episode"]:
+        """``n`` independent episodes in this one's state: each its environment deep-copied, which for a DB's
+        collections copies only the entries this episode holds of its own (the rest stay the domain snapshot's,
+        shared and never written): copy-on-write over this episode's state, never its objects. Each gets the tool
+        log so far."""
+        return [Episode(self.domain, self.task, copy.deepcopy(self.env), list(self.tool_log), self.num_tool_errors)
+                for _ in range(n)]  # fmt: skip
 
     def call_tool(
         self, name: str, arguments: dict, requestor: Requestor = "assistant", call_id: str = ""

@@ -42,6 +42,7 @@ from nemo_tau2.gym.agent.episode_record import trajectory_of
 from nemo_tau2.gym.config_keys import GymInstanceConfigMixin, RequestLimitsMixin
 from nemo_tau2.gym.fast_middleware import FastMiddlewareMixin
 from nemo_tau2.gym.nemo_gym_compat import add_route_if_missing
+from nemo_tau2.gym.resources_server.forks import ForkRoutes
 from nemo_tau2.gym.resources_server.in_process import call_tool, score_episode, start_episode
 from nemo_tau2.gym.resources_server.release import WorkerEpisode, WorkerRelease
 from nemo_tau2.gym.resources_server.replay import RecordedAnswer, describe, fingerprint, idempotency_key
@@ -181,6 +182,7 @@ class Tau2ResourcesServer(FastMiddlewareMixin, SimpleResourcesServer):
         app.post("/end_session")(self.end_session)
         add_route_if_missing(app, "POST", "/close_session", self.close_resources_session)  # NeMo-Gym 0.7.0's
         add_route_if_missing(app, "GET", "/reverify_mode", self.get_reverify_mode)
+        ForkRoutes(self, Tau2SeedSessionRequest).add_to(app)  # /fork, /adopt_fork (:mod:`.forks`)
         app.post("/user_tools/{tool_name}")(self.user_tool)
         app.post("/{tool_name}")(self.agent_tool)
         app.router.on_startup.append(self._start_sweeper)

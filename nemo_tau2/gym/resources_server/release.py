@@ -59,6 +59,15 @@ class WorkerEpisode:
         )  # fmt: skip
         return self._count(ReleaseToolMessage(answer["content"] or "", bool(answer["error"])))
 
+    def fork(self, n: int) -> list["WorkerEpisode"]:
+        """``n`` independent episodes in this one's state, each a new episode of the worker's with this one's calls
+        run again in it (``nemo_tau2_tau2_forks``). Raises ``Tau2RequestError`` (a call answered otherwise: no
+        fork is made) and ``Tau2WorkerError``."""
+        ids = self.worker.request("fork", episode_id=self.episode_id, n=n)
+        self.last_used = time.monotonic()
+        counts = {"num_tool_calls": self.num_tool_calls, "num_tool_errors": self.num_tool_errors}
+        return [WorkerEpisode(self.worker, self.domain, self.task_id, episode_id, **counts) for episode_id in ids]
+
     def record_failed_call(self, name: str, requestor: str, message: str) -> ReleaseToolMessage:
         """A call the release could not even represent (arguments not an object): a tool error, as in process."""
         return self._count(ReleaseToolMessage(f"Error: {message}", True))

@@ -85,19 +85,35 @@ def assistant_texts(messages: list[dict[str, Any]]) -> list[str]:
 def replay(domain: str, task_id: str, messages: Any) -> Episode:
     """A fresh episode of the task with the trajectory's calls run again, each answer checked against the recorded
     one. Raises :class:`TrajectoryError`, and ``domains.UnknownDomainError``/``UnknownTaskError``."""
+    return replay_into(Episode.start(domain, task_id), domain, messages)
+
+
+def replay_into[E](episode: E, domain: str, messages: Any) -> E:
+    """``episode`` (fresh, of the trajectory's task: in process or a release's worker) with the trajectory's calls
+    run in it, each answer checked against the recorded one; a refusal names the call, its message and the assistant
+    turn (0-based, among the trajectory's assistant messages) where the answer differs."""
     pairs = calls_and_answers(messages)
-    episode = Episode.start(domain, task_id)
-    for number, (call, answer) in enumerate(pairs, 1):
+    for number, ((call, answer), (index, turn)) in enumerate(zip(pairs, _call_positions(messages), strict=True), 1):
         if answered_unrun(answer):
             continue
         requestor = "user" if call.get("requestor") == "user" else "assistant"
         result = call_tool(episode, call["name"], call["arguments"], requestor, str(call.get("id") or ""))
         if (result.content or "") != (answer.get("content") or ""):
             raise TrajectoryError(
-                f"call {number} ({call['name']}) answers {_short(result.content)} on replay where the trajectory "
-                f"recorded {_short(answer.get('content'))}: it was not played on this release's {domain} data"
+                f"call {number} ({call['name']}, tau2_messages[{index}], assistant turn {turn}) answers "
+                f"{_short(result.content)} on replay where the trajectory recorded {_short(answer.get('content'))}: "
+                f"it was not played on this release's {domain} data"
             )
     return episode
+
+
+def _call_positions(messages: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    """For each tool call, in order: the index of its message and the assistant turn it was made at."""
+    positions, turn = [], -1
+    for index, message in enumerate(messages):
+        turn += message["role"] == "assistant"
+        positions.extend((index, max(turn, 0)) for _ in message.get("tool_calls") or [])
+    return positions
 
 
 def _short(text: Any, limit: int = 120) -> str:

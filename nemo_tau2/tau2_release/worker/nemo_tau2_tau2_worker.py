@@ -32,6 +32,7 @@ from loguru import logger  # noqa: E402  (tau2's logger; quiet unless asked)
 logger.remove()
 logger.add(sys.stderr, level=os.environ.get("NEMO_TAU2_TAU2_LOG_LEVEL", "ERROR"))
 
+import nemo_tau2_tau2_forks as _forks  # noqa: E402
 import nemo_tau2_tau2_search_log as _search_log  # noqa: E402
 import nemo_tau2_tau2_services as _services  # noqa: E402
 import nemo_tau2_tau2_shell as _shell  # noqa: E402
@@ -165,7 +166,7 @@ def seed(domain: str, task_id: str) -> dict:
     env.sync_tools()
     user = build_user("user_simulator", env, task, llm="none")
     episode_id = uuid.uuid4().hex
-    _episodes[episode_id] = {"domain": domain, "task": task, "env": env, "sandboxes": _shell.adopt()}
+    _episodes[episode_id] = {"domain": domain, "task": task, "env": env, "sandboxes": _shell.adopt(), "calls": []}
     schemas = _user_tool_schemas(env, user)
     return {"episode_id": episode_id, "user_system_prompt": user.system_prompt, "user_tools": schemas}
 
@@ -179,10 +180,6 @@ def warm(domain: str, task_id: str) -> dict:
     if not _snapshots.memoises_hashes(domain):
         return {"queued": False}
     return _warming.request(domain, task_id)
-
-
-def warming() -> dict:
-    return _warming.stats()
 
 
 def _user_tool_schemas(env, user) -> list:
@@ -204,9 +201,11 @@ def call_tool(episode_id: str, name: str, arguments: dict, requestor: str = "ass
     if not isinstance(arguments, dict):
         raise BadRequest("arguments must be a JSON object")
     call = ToolCall(id=call_id, name=name, arguments=arguments, requestor=requestor)
-    message = _episode(episode_id)["env"].get_response(call)
+    message = (episode := _episode(episode_id))["env"].get_response(call)
     _services.raise_faults(f"answering {name}")  # the call's answer is that failure's, not the tool's: not kept
-    return {"content": message.content, "error": message.error}
+    answer = {"content": message.content, "error": message.error}
+    episode["calls"].append(((name, arguments, requestor, call_id), answer))  # what a fork runs again
+    return answer
 
 
 def _message(item: dict):
@@ -331,7 +330,8 @@ OPERATIONS = {
     "export": export,
     "end": end,
     "warm": warm,
-    "warming": warming,
+    "warming": _warming.stats,
+    "fork": lambda episode_id, n: _forks.fork(_episode(episode_id), n, seed, call_tool, end),
 }
 
 
@@ -341,7 +341,7 @@ def answer(request: dict) -> dict:
         return {"ok": False, "kind": "bad_request", "error": f"unknown op {request.get('op')!r}"}
     try:
         return {"ok": True, "result": op(**request.get("args", {}))}
-    except (BadRequest, _services.Refused) as e:
+    except (BadRequest, _services.Refused, _forks.ForkRefused) as e:
         return {"ok": False, "kind": "bad_request", "error": str(e)}
     except TypeError as e:
         return {"ok": False, "kind": "bad_request", "error": f"{request.get('op')}: {e}"}

@@ -18,6 +18,7 @@ from nemo_tau2.gym.resources_server.bodies import verify_body
 from nemo_tau2.tau2_release.client import WORKER_FILE
 from nemo_tau2.tau2_release.trajectory import Trajectory
 from tests.tau2_v1_env import tau2_v1_python
+from tests.unit.gym import forks_http
 from tests.unit.tau2_release.episode_scripts import episode_scripts
 from tests.unit.tau2_release.worker_episodes import JUDGE_ATTEMPTS
 
@@ -195,6 +196,45 @@ def test_a_stored_episode_is_rescored_without_its_session_by_the_release_and_its
     other = requests.post(f"{server_url}/verify", json=stored | {"tau2_version": "v0.2.1"}, timeout=WAIT_S)
     assert other.status_code == 400 and "the row is of tau2 v0.2.1" in other.text, other.text
     assert requests.get(f"{server_url}/reverify_mode", timeout=WAIT_S).json() == "stateless"
+
+
+FORK_TASKS = {  # the last gold action writes, and answers otherwise the second time
+    "airline": "7",
+    "retail": "0",
+    "telecom": "[mobile_data_issue]user_abroad_roaming_disabled_off[PERSONA:Hard]",  # the user's toggle_roaming
+    "banking_knowledge": "task_010",  # the user's submit_referral
+}
+
+
+@pytest.mark.parametrize("domain", list(FORK_TASKS))
+def test_forks_of_a_live_session_and_of_a_stored_prefix_are_isolated(server_url, worker, domain):
+    task = _release_task(worker, domain, FORK_TASKS[domain])
+    keys = ("requestor", "name", "arguments")
+    actions = [{key: action[key] for key in keys} for action in task["evaluation_criteria"]["actions"]]
+    measured = forks_http.check_forks(server_url, domain, task["id"], actions)
+    assert measured["live_fork_s"] < WAIT_S and measured["stored_fork_s"] < WAIT_S, measured
+
+
+def test_a_banking_fork_has_the_tools_it_unlocked_and_no_other_fork_s(server_url, worker):
+    task = _release_task(worker, "banking_knowledge", "task_087")
+    verification, unlock, call = task["evaluation_criteria"]["actions"][:3]
+    assert (unlock["name"], call["name"]) == ("unlock_discoverable_agent_tool", "call_discoverable_agent_tool")
+    http = forks_http
+    parent = http.seeded(server_url, "banking_knowledge", "task_087")
+    http.play(parent, server_url, verification)
+    first, second = http.adopted(server_url, http.fork(parent, server_url, {"n": 2}))
+    locked = http.play(second, server_url, call)
+    assert "has not been unlocked" in locked["content"], locked
+    http.play(first, server_url, unlock)
+    assert "has not been unlocked" not in http.play(first, server_url, call)["content"]
+    assert http.play(second, server_url, call) == locked and http.play(parent, server_url, call) == locked
+    http.play(parent, server_url, unlock)
+    (after_unlock,) = http.adopted(server_url, http.fork(parent, server_url, {"n": 1}))
+    assert "has not been unlocked" not in http.play(after_unlock, server_url, call)["content"]
+
+
+def _release_task(worker, domain: str, task_id: str) -> dict:
+    return next(task for task in worker.request("tasks", domain=domain, split=None) if task["id"] == task_id)
 
 
 def test_a_worker_that_dies_is_a_502_naming_it_not_a_500(server_url, nl_oracle):
