@@ -18,7 +18,9 @@ request carries an idempotency key, as the agent server's do.
 
 import asyncio
 import contextlib
+import copy
 import logging
+import uuid
 from typing import Any
 
 from gymnasium.utils import seeding
@@ -116,6 +118,7 @@ class AsyncTau2Env:
         )
         self.settings = self.config.episode_settings()
         self._release: WorkerRelease | None = None
+        self._owns_release = True  # False in a fork: the workers are its parent's
         self._release_tasks: ReleaseTasks | None = None
         if release.version == "v0.2.1":
             self.task_ids = [task.id for task in self.config.tasks()]
@@ -212,6 +215,33 @@ class AsyncTau2Env:
             truncated = state.truncated_by is not None
             return observation, float(info["reward"]), not truncated, truncated, info
 
+    async def fork(self, n: int) -> list["AsyncTau2Env"]:
+        """``n`` independent environments in this one's state, at the policy's turn (ARCHITECTURE.md, decision 16).
+
+        Each holds its own tau2 episode, forked from this one's (v0.2.1: the environment deep-copied, copy-on-write
+        over its DB; v1.0.1: the release's worker runs this episode's calls again in a new one, with its own
+        unlocked tools and sandbox), and a copy of the conversation and counters; the user simulator continues from
+        that history. Forks share this environment's user endpoint, connection pool and release workers: a fork's
+        ``close()`` ends only its episode, and this environment's stops what it started (close it last). An episode
+        on running Gym servers is forked by the resources server's ``/fork`` route instead.
+        """
+        state = self._live_state()
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be a positive int, got {n!r}")
+        if not hasattr(self._session, "fork"):
+            raise NotImplementedError("an episode on running Gym servers is forked by the resources server's /fork")
+        with self._one_call():
+            sessions = self._session.fork(n)
+        forks = []
+        for session in sessions:
+            env = copy.copy(self)  # the settings, user simulator, endpoint, pool and workers: shared
+            env._session, env._state = session, _forked_state(state)
+            env._owns_http, env._owned_endpoint, env._owns_release = False, None, False
+            env._start_lock, env._busy, env._failed, env.last_result = asyncio.Lock(), False, None, None
+            env.np_random = copy.deepcopy(self.np_random)
+            forks.append(env)
+        return forks
+
     @property
     def messages(self) -> list[dict]:
         """The whole conversation as the policy saw it (chat messages, tau2's view: respond_user calls as text)."""
@@ -226,9 +256,9 @@ class AsyncTau2Env:
             self._owned_endpoint = None
         if self._owns_http:
             await self._http.close()
-        if self._release is not None:
+        if self._release is not None and self._owns_release:
             await asyncio.to_thread(self._release.close)
-            self._release = None
+        self._release = None
 
     async def __aenter__(self) -> "AsyncTau2Env":
         return self
@@ -338,3 +368,11 @@ class AsyncTau2Env:
             return self._release_tasks.reward_basis[state.task_id]
         criteria = domains.get_task(state.domain, state.task_id).evaluation_criteria
         return [basis.value for basis in criteria.reward_basis] if criteria else []
+
+
+def _forked_state(state: EpisodeState) -> EpisodeState:
+    """A copy of the episode's state for a fork, the row (read only) shared: the same conversation id (its prefix
+    is the parent's: a user model's replica and prefix cache serve it as well), its own request keys."""
+    forked = copy.deepcopy(state, {id(state.row): state.row})
+    forked.request_key = uuid.uuid4().hex
+    return forked

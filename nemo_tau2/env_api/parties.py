@@ -74,6 +74,13 @@ class LocalTau2Session:
     async def end(self, state: EpisodeState) -> None:
         self.episode = None
 
+    def fork(self, n: int) -> list["LocalTau2Session"]:
+        """``n`` sessions in this one's state, each its own episode (:meth:`Episode.fork`)."""
+        forks = [LocalTau2Session() for _ in range(n)]
+        for session, episode in zip(forks, self._episode().fork(n), strict=True):
+            session.episode = episode
+        return forks
+
     def _episode(self) -> Episode:
         if self.episode is None:
             raise RuntimeError("no live tau2 episode in this session (seed it first)")
@@ -123,6 +130,14 @@ class ReleaseTau2Session:
         if self.episode is not None:
             self.episode.close()
         self.episode = None
+
+    def fork(self, n: int) -> list["ReleaseTau2Session"]:
+        """``n`` sessions in this one's state, each its own episode in the release's worker (``WorkerEpisode.fork``;
+        a fork the worker refuses raises ``Tau2RequestError``, a ``ValueError``)."""
+        forks = [ReleaseTau2Session(self.release) for _ in range(n)]
+        for session, episode in zip(forks, self._episode().fork(n), strict=True):
+            session.episode = episode
+        return forks
 
     def _episode(self) -> WorkerEpisode:
         if self.episode is None:

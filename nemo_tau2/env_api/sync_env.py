@@ -79,5 +79,14 @@ class Tau2Env(gymnasium.Env):
     def step(self, action: Any) -> tuple[dict, float, bool, bool, dict]:
         return _run(self.env.step(action))
 
+    def fork(self, n: int) -> list["Tau2Env"]:
+        """``n`` independent environments in this one's state (:meth:`AsyncTau2Env.fork`; close this one last)."""
+        forks = []
+        for env in _run(self.env.fork(n)):
+            fork = object.__new__(Tau2Env)
+            fork.env, fork.action_space, fork.observation_space = env, self.action_space, self.observation_space
+            forks.append(fork)
+        return forks
+
     def close(self) -> None:
         _run(self.env.close())

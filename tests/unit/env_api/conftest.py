@@ -105,3 +105,33 @@ async def gather_limited(coroutines, limit: int = 32) -> list:
             return await coroutine
 
     return await asyncio.gather(*(one(c) for c in coroutines))
+
+
+def play_forked(env: Tau2Env, task_index: int, at: int | None = None) -> tuple[list[dict], list[list[dict]]]:
+    """The oracle played to turn ``at`` (None: its middle), the episode forked in two there; then the parent and the
+    first fork
+    play the rest of the oracle and the second fork says the closing text at once. Each one's last info (with its
+    reward) and the tool answers it saw after the fork."""
+    observation, info = env.reset(task_index)
+    turns = chat_turns(env.config.domain, info["task_id"])
+    middle = len(turns) // 2 if at is None else at
+    for action in turns[:middle]:
+        assert env.step(action)[2:4] == (False, False)
+    forks = env.fork(2)
+    assert [fork.messages for fork in forks] == [env.messages] * 2  # the conversation so far
+    closing = Turn.say(DEFAULT_CLOSING_TEXT).chat_message()
+    infos, answers = [], []
+    try:
+        for played, plan in ((env, turns[middle:]), (forks[0], turns[middle:]), (forks[1], [closing])):
+            seen = []
+            for action in [*plan, closing]:
+                observation, reward, terminated, truncated, info = played.step(action)
+                seen += [message["content"] for message in observation["messages"] if message["role"] == "tool"]
+                if terminated or truncated:
+                    break
+            infos.append(info | {"reward": reward})
+            answers.append(seen)
+    finally:
+        for fork in forks:
+            fork.close()
+    return infos, answers

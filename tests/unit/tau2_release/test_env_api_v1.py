@@ -20,7 +20,7 @@ from nemo_tau2.testing import start_fake_server
 from nemo_tau2.testing.release_tasks import load_release_tasks
 from nemo_tau2.testing.tau2_scripts import Tau2ScriptsConfig
 from tests.tau2_v1_env import tau2_v1_python
-from tests.unit.env_api.conftest import USER, chat_turns
+from tests.unit.env_api.conftest import USER, chat_turns, play_forked
 
 # Airline tasks whose gold actions v1.0.1 left as v0.2.1 had them (the scripted oracle plays v0.2.1's gold).
 UNCHANGED_AIRLINE = ["0", "11"]  # 11 writes (update_reservation_flights)
@@ -57,6 +57,10 @@ def test_tau2env_plays_v101_through_its_workers_and_scores_as_the_release(user_e
         assert all("reward_info" in r for r in oracle)  # the release's own RewardInfo
         wrong = _play(env, 1, "wrong_argument")  # the write with a wrong argument: the release's DB check fails it
         assert wrong["reward"] == 0.0 and wrong["db_match"] is False and wrong["tau2_version"] == "v1.0.1"
+        # forked at the policy's first turn (Tau2Env.fork: new episodes in the worker), each fork plays on its own
+        (parent, first, second), (parent_saw, first_saw, _) = play_forked(env, 1, at=0)
+        assert (parent["reward"], first["reward"], second["reward"]) == (1.0, 1.0, 0.0)
+        assert first_saw == parent_saw and parent_saw and first["tau2_version"] == "v1.0.1"
     finally:
         env.close()
 
