@@ -152,6 +152,7 @@ class ForkRoutes:
             for fork_id in fork_ids:
                 sessions.pop(fork_id)
             raise HTTPException(status_code=503, detail=str(e)) from e
+        self.unadopted = {fork_id for fork_id in self.unadopted if fork_id in sessions}  # evicted ones go
         self.unadopted.update(fork_ids)
         first = forks[0]
         task_id = str(first.task_id if hasattr(first, "task_id") else first.task.id)

@@ -54,6 +54,10 @@ class SessionStore:
     def __len__(self) -> int:
         return len(self._sessions)
 
+    def __contains__(self, session_id: object) -> bool:
+        """Whether the session is live (without marking it used)."""
+        return session_id in self._sessions
+
     @property
     def num_verdicts(self) -> int:
         return len(self._verdicts)
