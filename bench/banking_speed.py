@@ -6,9 +6,10 @@ call, verify (tau2's ``evaluate_simulation``, which rebuilds and replays three e
 ``Tau2Worker`` (the resources server's path, minus HTTP); tau2's in its own process (``bench/banking_reference.py``:
 its runner's environment, ``get_response``, ``evaluate_simulation``), one side after the other.
 Variants: ``bm25_grep`` (the offline default), ``openai_embeddings_grep`` on the fake server's ``/v1/embeddings``
-(both sides; tau2's through ``OPENAI_BASE_URL``), ``terminal_use`` (tau2's sandbox; skipped without ``srt``).
+(both sides; tau2's through ``OPENAI_BASE_URL``), ``terminal_use`` (tau2's sandbox with srt, ours confined by
+bubblewrap; skipped without ``srt``).
 
-    uv run bench/banking_speed.py [--tasks 8]   # tau2 v1.0.1: $NEMO_TAU2_TAU2_V1_PYTHON, else setup.sh tau2-v1
+    uv run bench/banking_speed.py [--tasks 8] [--variants terminal_use]  # tau2 v1.0.1: as the tests find it
 
 Prints a table (median ms per step), then a last line of JSON with both sides and the ratios (tau2's / ours).
 """
@@ -32,6 +33,7 @@ from nemo_tau2.testing.scripted_judge import ScriptedJudge
 DOMAIN = "banking_knowledge"
 REFERENCE = Path(__file__).with_name("banking_reference.py")
 SEARCH = {"name": "KB_search", "arguments": {"query": "overdraft fee waiver"}, "requestor": "assistant"}
+VARIANTS = ("bm25_grep", "openai_embeddings_grep", "terminal_use")
 SHELL = {"name": "shell", "arguments": {"command": "grep -ril 'overdraft' . | head -5"}, "requestor": "assistant"}
 OPS = ("seed", "read", "tool", "verify")
 
@@ -102,6 +104,7 @@ def measure(variant: str, reads: list[dict], task_ids: list[str], judge: Scripte
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=8, help="tasks played per variant and side")
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS), help="variants measured")
     args = parser.parse_args()
     judge = ScriptedJudge()
     python = tau2_v1_python()
@@ -109,14 +112,17 @@ def main() -> None:
         every = worker.request("tasks", domain=DOMAIN, split="base")
     task_ids = [task["id"] for task in every if "NL_ASSERTION" not in task["evaluation_criteria"]["reward_basis"]]
     task_ids = task_ids[: args.tasks]
-    results = {"bm25_grep": measure("bm25_grep", [SEARCH], task_ids, judge, python=python)}
+    results = {}
+    if "bm25_grep" in args.variants:
+        results["bm25_grep"] = measure("bm25_grep", [SEARCH], task_ids, judge, python=python)
     with start_fake_server() as embedder, tempfile.TemporaryDirectory() as cache:
         embeddings = EmbeddingsConfig(base_url=embedder.base_url, cache_dir=cache)
         endpoint = {"OPENAI_BASE_URL": embedder.base_url, "OPENAI_API_KEY": "none"}
-        results["openai_embeddings_grep"] = measure("openai_embeddings_grep", [SEARCH], task_ids, judge,
-                                                    python=python, embeddings=embeddings,
-                                                    reference_env=endpoint)  # fmt: skip
-    if shutil.which("srt"):
+        if "openai_embeddings_grep" in args.variants:
+            results["openai_embeddings_grep"] = measure("openai_embeddings_grep", [SEARCH], task_ids, judge,
+                                                        python=python, embeddings=embeddings,
+                                                        reference_env=endpoint)  # fmt: skip
+    if "terminal_use" in args.variants and shutil.which("srt"):
         results["terminal_use"] = measure("terminal_use", [SHELL], task_ids, judge, python=python)
     judge.close()
     print(f"{'variant':<24}{'step':<9}{'tau2 ms':>10}{'ours ms':>10}{'tau2/ours':>11}")

@@ -81,8 +81,7 @@ def locale_of(environ) -> dict:
 def confined_argv(plan: dict, command: str, kb_dir: Path, writable: bool, status_fd: int) -> list[str]:
     """bwrap's argv running ``command`` with ``bash -c`` in ``kb_dir`` (resolved: a read-only sandbox's is a link to
     the worker's one export), seeing only :func:`host_plan`'s system mounts and that folder; bwrap writes the
-    command's pid on ``status_fd`` once the sandbox is built (so a sandbox that failed is told from a command that
-    failed)."""
+    command's exit code on ``status_fd`` when it ran (so a sandbox that failed is told from a command that failed)."""
     kb = kb_dir.resolve()
     argv = [
         plan["bwrap"], "--json-status-fd", str(status_fd), "--new-session", "--die-with-parent", "--cap-drop", "ALL",

@@ -160,7 +160,7 @@ def _text(raw: bytes) -> str:
 
 
 def _run_bounded(argv_for) -> tuple[int, bytes, bytes, str]:
-    """Run ``argv_for(status_fd)`` (bwrap, reporting on ``status_fd`` once the command started) in its own session
+    """Run ``argv_for(status_fd)`` (bwrap, reporting on ``status_fd`` how the command ended) in its own session
     and pids cgroup; kill all of it at the first bound it passes. Returns (exit code, stdout, stderr, outcome):
     outcome ``done``, ``timeout`` or ``output``. A sandbox that never started the command raises
     :class:`ConfinementFailed` (the host's fault, never the command's answer)."""
@@ -177,10 +177,11 @@ def _run_bounded(argv_for) -> tuple[int, bytes, bytes, str]:
 
 
 def _read_status(fd: int) -> bool:
-    """Whether bwrap reported the command started (its JSON ``child-pid`` line); closes ``fd``."""
+    """Whether bwrap reported the command's exit (its JSON ``exit-code`` line: written only for a command that ran;
+    its ``child-pid`` line comes before the sandbox is built); closes ``fd``."""
     os.set_blocking(fd, False)
     try:
-        return b"child-pid" in os.read(fd, 1 << 12)
+        return b'"exit-code"' in os.read(fd, 1 << 12)
     except BlockingIOError:
         return False
     finally:

@@ -8,6 +8,7 @@ value, not even encoded, and that the command ran (no refusal by tau2's text che
 
 import base64
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -24,6 +25,9 @@ from tests.unit.tau2_release.worker_episodes import play, summary
 DOMAIN = "banking_knowledge"
 #: What a command's ``/`` may hold: the system folders and the path down to its knowledge base.
 VISIBLE_ROOT = {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sbin", "tmp", "usr"}
+
+
+_BASE64_RUN = re.compile(r"[A-Za-z0-9+/]{16,}")
 
 
 def _octal(path: str) -> str:
@@ -59,11 +63,10 @@ def _shell(worker: Tau2Worker, episode: dict, command: str) -> str:
 def _assert_nothing_leaked(answer: str, planted: Planted) -> None:
     assert "Command blocked" not in answer  # tau2's text check did not stop it: the sandbox did
     decoded = ""
-    for word in answer.split():
-        try:
-            decoded += base64.b64decode(word + "=" * (-len(word) % 4), validate=True).decode(errors="replace")
-        except ValueError:
-            continue
+    for run in _BASE64_RUN.findall(answer):  # each run of base64's alphabet, cut to whole quads
+        for start in range(4):  # wherever the encoded text begins in it
+            chunk = run[start:][: (len(run) - start) // 4 * 4]
+            decoded += base64.b64decode(chunk).decode(errors="replace") + "\n"
     for value in planted.values:
         assert value not in answer and value not in decoded, f"{value} leaked: {answer[:300]}"
 
@@ -75,8 +78,9 @@ def episode(writable):
     writable.request("end", episode_id=seeded["episode_id"])
 
 
-@pytest.mark.parametrize("command", ["env", "printenv", "printenv OPENAI_API_KEY WANDB_API_KEY", "env | base64 -w0",
-                                     "export -p", "cat /proc/self/environ | tr '\\0' '\\n'"])  # fmt: skip
+@pytest.mark.parametrize("command", ["env", "printenv", "printenv OPENAI_API_KEY WANDB_API_KEY", "export -p",
+                                     "env | base64 -w0", "printenv WANDB_API_KEY | base64",
+                                     "cat /proc/self/environ | tr '\\0' '\\n'"])  # fmt: skip
 def test_a_command_sees_no_variable_of_the_server(writable, episode, planted, command):
     answer = _shell(writable, episode, command.replace("/proc", "$(printf '\\057')proc"))
     _assert_nothing_leaked(answer, planted)
@@ -150,22 +154,25 @@ def test_an_episode_never_sees_another_episodes_folder(writable, planted):
 
 
 def test_a_background_process_ends_with_its_answer(writable, episode, planted):
+    """Two ways to outlive the answer (a subshell, ``nohup setsid``), each to write a file 6 s later: the answers
+    come back at once, and neither file is ever written nor a process left on the host."""
     started = time.monotonic()
-    answer = _shell(writable, episode, "(sleep 2.25; echo late > late.md) >&- 2>&- & echo started")
-    assert answer == "started\n" and time.monotonic() - started < 2
-    answer = _shell(writable, episode, "nohup setsid sh -c 'sleep 2.25; echo late > late2.md' >&- 2>&- & echo ok")
-    assert answer == "ok\n"
-    time.sleep(3)
+    answer = _shell(writable, episode, "(sleep 6.25; echo late > late.md) >&- 2>&- & echo started")
+    assert answer == "started\n"
+    answer = _shell(writable, episode, "nohup setsid sh -c 'sleep 6.25; echo late > late2.md' >&- 2>&- & echo ok")
+    assert answer == "ok\n" and time.monotonic() - started < 6  # neither waited for its background process
+    time.sleep(max(0.0, started + 7.5 - time.monotonic()))
     assert _shell(writable, episode, "ls late.md late2.md").startswith("Error (exit code 2)")
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout.splitlines()
-    assert not [line for line in ps if "sleep 2.25" in line]  # nothing left on the host
+    assert not [line for line in ps if "sleep 6.25" in line]  # nothing left on the host
 
 
 #: What agents run in the knowledge base (tau2's tool description names ls, cat, grep, head, tail, find, wc, awk,
-#: sed), pipes, a locale-dependent sort, a missing file, an interpreter, and (where allowed) writes.
+#: sed), pipes, a locale-dependent sort, a missing file, an interpreter, and (where allowed) writes. ``ls -la`` without
+#: its ``total`` line: the blocks a folder's files take vary with the file system's state, on either side.
 AGENT_COMMANDS = [
-    "ls | head -20", "ls -la | head -8", "ls -l INDEX.md", "ls | wc -l", "ls -R | head -5", "cat INDEX.md | head -30",
-    "head -n 20 INDEX.md", "tail -n 5 INDEX.md", "grep -ril 'overdraft' . | sort | head -5",
+    "ls | head -20", "ls -la | tail -n +2 | head -8", "ls -l INDEX.md", "ls | wc -l", "ls -R | head -5",
+    "cat INDEX.md | head -30", "head -n 20 INDEX.md", "tail -n 5 INDEX.md", "grep -ril 'overdraft' . | sort | head -5",
     "grep -rn 'wire transfer' --include='*.md' . | head -5", "grep -c 'fee' INDEX.md", "grep -l 'zzqx-none' *.md",
     "rg -l 'credit card' . | sort | head -5", "rg -n -i 'dispute' --max-count 1 . | sort | head -5",
     "find . -name '*card*' | sort | head -10", "find . -type f | wc -l", "wc -w INDEX.md", "wc -l *.md | tail -1",
@@ -200,7 +207,7 @@ def test_what_a_real_agent_runs_answers_as_in_tau2s_own_sandbox(variant, writabl
 
 
 def test_a_sandbox_that_cannot_be_built_is_the_hosts_fault_not_an_answer(writable):
-    """bubblewrap reports the command's start on a status pipe; without it (here: the episode's folder removed under
+    """bubblewrap reports the command's exit on a status pipe; without it (here: the episode's folder removed under
     it) the call fails as a service error, recorded as infrastructure, never shown to the agent as a tool answer."""
     root = Path(writable.retrieval["shell"]["sandboxes"])
     before = set(root.glob("agentic_search_*"))
