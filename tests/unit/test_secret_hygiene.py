@@ -30,8 +30,6 @@ from nemo_tau2.testing.warm_start import build_tiny_policy
 from tests.tau2_v1_env import tau2_v1_python
 from tests.unit.recording_proxy import RecordingProxy
 
-pytestmark = pytest.mark.slow  # tau2 v1.0.1's worker, a GRPO step
-
 #: api_key_env of each endpoint a run calls -> its role; W&B reads WANDB_API_KEY itself.
 KEY_VARIABLES = {
     "OPENAI_API_KEY": "policy",  # the name tau2_openai.yaml gives it
