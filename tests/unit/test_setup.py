@@ -32,10 +32,27 @@ def test_setup_refuses_bad_arguments_in_one_line(arguments):
     assert run.stderr.count("\n") == 1 and "project chromium sandbox vllm smollm2 tau2-v1 gym07" in run.stderr
 
 
+CI_RUN = env_python.ROOT / ".ci" / "run"
+CI_TEST_COMMAND = "uv run pytest tests/unit || status=$?"
+CI_PRINTS_TIMES = "uv run python -m tests.module_times || true"
+
+
 def test_ci_runs_exactly_the_set_up_and_the_test_command():
-    commands = [line for line in (env_python.ROOT / ".ci" / "run").read_text().splitlines() if line and line[0] != "#"]
-    assert commands[-3:] == ["pip install uv", "scripts/setup.sh", "uv run pytest tests/unit"]
-    assert commands[:-3] == ["set -euo pipefail", 'cd "$(dirname "$0")/.."']
+    """The README's set-up and test command, then the module times (tests/module_times.py), whatever pytest said."""
+    commands = [line for line in CI_RUN.read_text().splitlines() if line and line[0] != "#"]
+    assert commands == [
+        "set -euo pipefail", 'cd "$(dirname "$0")/.."', "pip install uv", "scripts/setup.sh",
+        "status=0", CI_TEST_COMMAND, CI_PRINTS_TIMES, 'exit "$status"',
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("pytest_status", [0, 1, 5])
+def test_ci_exits_with_pytests_status_after_printing_the_times(tmp_path, pytest_status):
+    """Its tail with pytest's exit stood in for (5: no test ran, which must not pass as green)."""
+    tail = CI_RUN.read_text().split("scripts/setup.sh\n", 1)[1]
+    tail = tail.replace(CI_TEST_COMMAND, f"(exit {pytest_status}) || status=$?").replace(CI_PRINTS_TIMES, "echo times")
+    result = subprocess.run(["bash", "-c", f"set -euo pipefail\n{tail}"], capture_output=True, text=True)
+    assert (result.returncode, result.stdout) == (pytest_status, "times\n")
 
 
 ENV_CACHE = env_python.ROOT / "scripts" / "env_cache.sh"
