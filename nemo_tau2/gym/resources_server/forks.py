@@ -15,7 +15,7 @@
 """
 
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
 from nemo_gym.server_utils import SESSION_ID_KEY
@@ -26,9 +26,6 @@ from nemo_tau2.gym.resources_server.rescoring import TrajectoryError, replay, re
 from nemo_tau2.gym.resources_server.sessions import TooManySessionsError
 from nemo_tau2.tau2_env import domains
 from nemo_tau2.tau2_release.client import Tau2RequestError, Tau2WorkerError
-
-if TYPE_CHECKING:
-    from nemo_tau2.gym.resources_server.app import Tau2ResourcesServer
 
 MAX_FORKS = 64
 
@@ -95,7 +92,7 @@ def _count(episode: Any) -> int:
 class ForkRoutes:
     """``/fork`` and ``/adopt_fork`` of a :class:`~.app.Tau2ResourcesServer` (its sessions and release)."""
 
-    def __init__(self, server: "Tau2ResourcesServer", row_model: type[BaseModel]):
+    def __init__(self, server: Any, row_model: type[BaseModel]):  # the app's server: typed there, not imported here
         self.server = server
         self.row_model = row_model  # the server's seed request: what a stored episode's row must hold
         self.unadopted: set[str] = set()  # fork ids no cookie holds yet
