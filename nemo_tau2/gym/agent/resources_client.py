@@ -99,16 +99,19 @@ class HttpTau2Session:
             "responses_create_params": state.row["responses_create_params"],
             "response": response_object | {"output": [without_token_ids(item) for item in state.outputs]},
             "termination_reason": state.termination_reason,
-            # tau2's own trajectory: what a release in its own worker scores, and what the stored rollout keeps so
-            # that it can be re-scored later without its live session (v0.2.1's live verdict reads the episode)
-            "tau2_messages": state.tau2_messages,
         }
+        if state.tau2_version not in (None, "v0.2.1"):  # a release in its own worker scores tau2's own trajectory
+            # (v0.2.1's live verdict reads the live episode: its body stays small, and a call the servers refused,
+            # arguments nested past max_json_depth, stays a tool error instead of making /verify a 400)
+            body["tau2_messages"] = state.tau2_messages
         response = await self._post(state, "/verify", body, "verifying the episode")
         if response.status != 200:
             raise response.failure("/verify")
         # the stored rollout's response carries the trajectory: a re-scoring from the row and response alone has it
         metadata = trajectory_metadata(state.tau2_messages, state.termination_reason)
         response.body["response"] = response_object | {"metadata": metadata}
+        if response.body.get("tau2_messages") is None:  # the record keeps the trajectory on every release
+            response.body["tau2_messages"] = state.tau2_messages
         return response.body
 
     async def end(self, state: EpisodeState) -> None:
