@@ -17,6 +17,7 @@ import pytest
 
 import nemo_tau2  # noqa: F401
 from tests import env_python
+from tests.module_times import Budgets, module_of
 
 UNIT = Path(__file__).resolve().parent / "unit"
 
@@ -106,9 +107,10 @@ VLLM_MODULES = frozenset({"generation/test_vllm_live.py", "evals/test_eval_vllm.
 
 
 # Packages whose conftest starts something expensive once for all their modules (package- or session-scoped): one
-# xdist group each, so it starts once, not once per worker.
+# xdist group each, so it starts once, not once per worker. Not tau2_release/: its modules add up to the suite's
+# longest chain (~40 min on one worker), so each is a group of its own and its conftest's servers are session-scoped,
+# started once per worker that runs one of its modules (~35 s more than once in all).
 SHARED_FIXTURE_PACKAGES = (
-    "tau2_release/",  # tau2 v1.0.1's worker and the scripted judge (~35 s to start)
     "models/megatron/",  # the spawned one- and two-process Megatron runs
     "report/",  # a pair of evaluations through examples/run_eval.py
     "env_api/",  # the Gym stack and user strategies behind the env API
@@ -143,13 +145,22 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Marks slow modules, and moves them to the front: pytest-xdist hands the groups out in collection order (see
-    :func:`pytest_xdist_make_scheduler`), so the longest start first and the two workers finish together rather than
-    one waiting on a long module collected last."""
+    """Marks slow modules, and orders the groups longest first by their budgets (tests/module_budgets.toml, summed
+    over a group's modules): pytest-xdist hands the groups out in collection order (see
+    :func:`pytest_xdist_make_scheduler`), so the longest start first and the two workers finish together (longest
+    processing time first) rather than one running a long group collected late while the other waits. Slow modules
+    first, the order before, had sent the tau2 v1.0.1 package (~40 min of one worker) out at about half-time."""
     for item in items:
         if _unit_module(item) in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
-    items.sort(key=lambda item: 0 if _unit_module(item) in SLOW_MODULES else 1)  # stable: file order kept within
+    budgets = Budgets.load(Path(config.getoption("--module-budgets")))
+    groups = [xdist_group(item.nodeid.split("::", 1)[0]) for item in items]
+    estimate_s: dict[str, float] = {}
+    for group, module in {(g, module_of(item.nodeid)) for g, item in zip(groups, items, strict=True)}:
+        estimate_s[group] = estimate_s.get(group, 0.0) + budgets.budget(module)
+    first_seen = {group: index for index, group in reversed(list(enumerate(groups)))}
+    order = {id(item): (-estimate_s[group], first_seen[group]) for group, item in zip(groups, items, strict=True)}
+    items.sort(key=lambda item: order[id(item)])  # stable: a group's tests stay together, in file order
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's, which NeMo-Gym 0.7.0's environment has not
