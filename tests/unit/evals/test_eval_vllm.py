@@ -20,7 +20,7 @@ def test_the_vllm_cpu_eval_config_runs_every_episode_without_an_infrastructure_e
         "env.nemo_gym.return_token_ids=true",  # as a run that trains on the episodes: token contiguity is checked
         # the wall-clock bound is not what this test checks: 3 turns x the default 30 s dropped both episodes at 90 s
         # with the suite's other worker busy (2026-12-02, and stop 59's CI)
-        "env.nemo_gym.episode_timeout_s=900",
+        "+env.nemo_gym.episode_timeout_s=900",
     ]  # fmt: skip
     run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, run.stderr[-3000:]
