@@ -119,10 +119,11 @@ VLLM_MODULES = frozenset({"generation/test_vllm_live.py", "evals/test_eval_vllm.
 
 
 # Packages whose conftest starts something expensive once for all their modules (package- or session-scoped): one
-# xdist group each, so it starts once, not once per worker. Not tau2_release/: its modules add up to the suite's
-# longest chain (~40 min on one worker), so each is a group of its own and its conftest's servers are session-scoped,
-# started once per worker that runs one of its modules (~35 s more than once in all).
+# xdist group each, so it starts once, not once per worker; and its modules never run beside each other (the shell
+# tests count every sandbox process on the machine: run on both workers at once, each saw the other's). The
+# tau2_release group is the suite's longest (~40 min of one worker), so the longest-first order sends it out first.
 SHARED_FIXTURE_PACKAGES = (
+    "tau2_release/",  # tau2 v1.0.1's worker, the scripted judge and the two shell workers (~35 s to start)
     "models/megatron/",  # the spawned one- and two-process Megatron runs
     "report/",  # a pair of evaluations through examples/run_eval.py
     "env_api/",  # the Gym stack and user strategies behind the env API
