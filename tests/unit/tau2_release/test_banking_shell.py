@@ -35,7 +35,13 @@ def _our_processes() -> list[str]:
     """Sandboxed commands still running (bubblewrap, srt, the tests' sleeps), and pids cgroups left behind."""
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout.splitlines()
     running = [line for line in ps if line.startswith(("bwrap", "sleep 1000", "yes")) or "/bin/srt" in line]
-    groups = [path.name for path in Path("/sys/fs/cgroup/pids").glob("nemo_tau2_shell_*")]
+    # a group is named after the worker that made it (nemo_tau2_shell_<pid>_...): one of a worker killed long ago (a
+    # stopped run) is not this test's leftover
+    groups = [
+        path.name
+        for path in Path("/sys/fs/cgroup/pids").glob("nemo_tau2_shell_*")
+        if Path("/proc", path.name.split("_")[3]).exists()
+    ]
     return running + groups
 
 
