@@ -44,6 +44,7 @@ from nemo_tau2.gym.fast_middleware import FastMiddlewareMixin
 from nemo_tau2.gym.nemo_gym_compat import add_route_if_missing
 from nemo_tau2.gym.resources_server.forks import ForkRoutes
 from nemo_tau2.gym.resources_server.in_process import call_tool, score_episode, start_episode
+from nemo_tau2.gym.resources_server.pivot_verify import PivotRoutes
 from nemo_tau2.gym.resources_server.release import WorkerEpisode, WorkerRelease
 from nemo_tau2.gym.resources_server.replay import RecordedAnswer, describe, fingerprint, idempotency_key
 from nemo_tau2.gym.resources_server.rescoring import rescore, stored_row
@@ -151,9 +152,8 @@ class Tau2ResourcesServer(FastMiddlewareMixin, SimpleResourcesServer):
     _scorings: InFlightScorings = PrivateAttr(default_factory=InFlightScorings)  # v1.0.1's, off the loop
 
     def model_post_init(self, context: Any) -> None:
-        self._sessions = SessionStore(
-            self.config.session_idle_timeout_s, self.config.max_live_sessions, self.config.verdict_ttl_s
-        )
+        config = self.config
+        self._sessions = SessionStore(config.session_idle_timeout_s, config.max_live_sessions, config.verdict_ttl_s)
         return super().model_post_init(context)
 
     @staticmethod
@@ -182,7 +182,8 @@ class Tau2ResourcesServer(FastMiddlewareMixin, SimpleResourcesServer):
         app.post("/end_session")(self.end_session)
         add_route_if_missing(app, "POST", "/close_session", self.close_resources_session)  # NeMo-Gym 0.7.0's
         add_route_if_missing(app, "GET", "/reverify_mode", self.get_reverify_mode)
-        ForkRoutes(self, Tau2SeedSessionRequest).add_to(app)  # /fork, /adopt_fork (:mod:`.forks`)
+        for routes in (ForkRoutes, PivotRoutes):  # /fork, /adopt_fork (.forks); /verify_pivot (.pivot_verify)
+            routes(self, Tau2SeedSessionRequest).add_to(app)
         app.post("/user_tools/{tool_name}")(self.user_tool)
         app.post("/{tool_name}")(self.agent_tool)
         app.router.on_startup.append(self._start_sweeper)
@@ -271,8 +272,7 @@ class Tau2ResourcesServer(FastMiddlewareMixin, SimpleResourcesServer):
         )
 
     def _live_session(self, request: Request) -> Session:
-        session = self._sessions.session(request.session.get(SESSION_ID_KEY))
-        if session is None:
+        if (session := self._sessions.session(request.session.get(SESSION_ID_KEY))) is None:
             raise self._no_session(request)
         return session
 

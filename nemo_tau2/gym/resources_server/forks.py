@@ -102,7 +102,7 @@ class ForkRoutes:
         app.post("/adopt_fork")(self.adopt_fork)
 
     async def fork(self, request: Request) -> ForkResponse:
-        body = await _body(request, ForkRequest)
+        body = await body_as(request, ForkRequest)
         server, sessions = self.server, self.server._sessions
         session_id = request.session.get(SESSION_ID_KEY)
         session = sessions.session(session_id)
@@ -160,7 +160,7 @@ class ForkRoutes:
     async def adopt_fork(self, request: Request) -> dict[str, str]:
         """The caller's cookie becomes the fork's session (a fork is adopted once; an unadopted fork left idle is
         dropped as any idle session)."""
-        body = await _body(request, AdoptForkRequest)
+        body = await body_as(request, AdoptForkRequest)
         if body.fork_id not in self.unadopted or self.server._sessions.session(body.fork_id) is None:
             self.unadopted.discard(body.fork_id)
             raise HTTPException(status_code=404, detail=f"no unadopted live fork {body.fork_id!r}")
@@ -169,7 +169,7 @@ class ForkRoutes:
         return {"fork_id": body.fork_id}
 
 
-async def _body[Body: BaseModel](request: Request, model: type[Body]) -> Body:
+async def body_as[Body: BaseModel](request: Request, model: type[Body]) -> Body:
     """The request's body as ``model``; a one-line 400 naming the first problem."""
     try:
         return model.model_validate_json(await request.body())

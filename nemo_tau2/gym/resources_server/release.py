@@ -68,6 +68,10 @@ class WorkerEpisode:
         counts = {"num_tool_calls": self.num_tool_calls, "num_tool_errors": self.num_tool_errors}
         return [WorkerEpisode(self.worker, self.domain, self.task_id, episode_id, **counts) for episode_id in ids]
 
+    def state_digest(self) -> str:
+        """The episode's state as tau2 compares it (DB hashes, unlocked tools): equal digests, equal states."""
+        return self.worker.request("digest", episode_id=self.episode_id)
+
     def record_failed_call(self, name: str, requestor: str, message: str) -> ReleaseToolMessage:
         """A call the release could not even represent (arguments not an object): a tool error, as in process."""
         return self._count(ReleaseToolMessage(f"Error: {message}", True))

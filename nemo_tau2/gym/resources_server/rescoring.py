@@ -152,7 +152,11 @@ async def rescore(release: Any, domain: str, task_id: str, messages: Any, termin
         raise HTTPException(status_code=400, detail=f"this stored episode cannot be re-scored: {e}") from e
 
 
-def stored_row[Row: BaseModel](model: type[Row], fields: dict[str, Any] | None) -> Row:
+def stored_row[Row: BaseModel](
+    model: type[Row],
+    fields: dict[str, Any] | None,
+    what: str = "a /verify without a live session re-scores a stored episode: its body",
+) -> Row:
     """The stored episode's row (its domain and task_id, and what says which release and variant it was played on),
     read from a ``/verify`` body; a 400 naming what is missing."""
     try:
@@ -161,6 +165,5 @@ def stored_row[Row: BaseModel](model: type[Row], fields: dict[str, Any] | None) 
         where, why = e.errors()[0]["loc"], e.errors()[0]["msg"]
         raise HTTPException(
             status_code=400,
-            detail="a /verify without a live session re-scores a stored episode: its body needs the row's domain and "
-            f"task_id ({'.'.join(map(str, where))}: {why})",
+            detail=f"{what} needs the row's domain and task_id ({'.'.join(map(str, where))}: {why})",
         ) from e

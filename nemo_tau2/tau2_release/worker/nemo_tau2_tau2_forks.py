@@ -9,6 +9,8 @@ replayed answer must equal the one the parent got; one that differs (a tool whos
 state) refuses the whole fork, naming the call, and ends the forks made so far: never a fork in another state.
 """
 
+import json
+
 
 class ForkRefused(ValueError):
     """A replayed call answered otherwise than in the parent: the forks would not be in its state."""
@@ -35,3 +37,15 @@ def fork(parent: dict, n: int, seed, call_tool, end) -> list[str]:
             end(fork_id)
         raise
     return forks
+
+
+def digest(episode: dict) -> str:
+    """The episode's state as tau2 compares states: its agent and user DB hashes (tau2's own ``get_db_hash``), and
+    the tools it unlocked (banking_knowledge's in-memory toolkit state, which no DB holds)."""
+    env = episode["env"]
+    unlocked = [
+        sorted(getattr(tools, name, None) or {})
+        for tools in (env.tools, env.user_tools)
+        for name in ("_agent_discoverable_tools_state", "_user_discoverable_tools_state")
+    ]
+    return json.dumps([env.get_db_hash(), env.get_user_db_hash(), unlocked])

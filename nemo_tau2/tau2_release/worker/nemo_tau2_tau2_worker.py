@@ -307,8 +307,7 @@ def export(path: str, domain: str, run: dict, episodes: list) -> dict:
 
 
 def end(episode_id: str) -> dict:
-    episode = _episodes.pop(episode_id, None)
-    _shell.remove(episode and episode["sandboxes"])
+    _shell.remove((episode := _episodes.pop(episode_id, None)) and episode["sandboxes"])
     return {"ended": episode is not None}
 
 
@@ -332,6 +331,7 @@ OPERATIONS = {
     "warm": warm,
     "warming": _warming.stats,
     "fork": lambda episode_id, n: _forks.fork(_episode(episode_id), n, seed, call_tool, end),
+    "digest": lambda episode_id: _forks.digest(_episode(episode_id)),
 }
 
 
