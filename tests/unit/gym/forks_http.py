@@ -6,6 +6,7 @@ its second in a state with it.
 """
 
 import copy
+import json
 import time
 
 import requests
@@ -93,3 +94,41 @@ def check_forks(url: str, domain: str, task_id: str, actions: list[dict]) -> dic
     assert "cannot be forked" in detail and "tau2_messages[2]" in detail and "assistant turn" in detail, detail
     assert "\n" not in detail
     return {"live_fork_s": live_fork_s, "stored_fork_s": stored_fork_s}
+
+
+def pivot_body(domain: str, task_id: str, prefix: list[dict], expected: dict, calls: list[dict]) -> dict:
+    """A ``/verify_pivot`` body: the pivot row (its state: ``prefix``) and a response making ``calls``."""
+    output = [{"type": "function_call", "name": call["name"], "arguments": json.dumps(call["arguments"]),
+               "call_id": f"s{index}", "id": f"s{index}"} for index, call in enumerate(calls)]  # fmt: skip
+    return {
+        "domain": domain, "task_id": task_id, "tau2_messages": prefix, "expected_action": expected,
+        "responses_create_params": {"input": []},
+        "response": {"id": "r", "created_at": 0, "model": "m", "object": "response", "output": output,
+                     "parallel_tool_calls": True, "tool_choice": "auto", "tools": []},
+    }  # fmt: skip
+
+
+def check_gold_pivots(url: str, domain: str, task_id: str, actions: list[dict], mutated: dict[int, dict]) -> dict:
+    """Every assistant gold action of the task, at the pivot before it (the gold trajectory so far, played live for
+    its answers), scores 1 against itself; each ``mutated[index]`` (other arguments for action ``index``, which
+    write another state) scores 0 as ``different_state``. Returns the verdicts' categories by action index."""
+    session = seeded(url, domain, task_id)
+    answers = [play(session, url, action, f"c{index}") for index, action in enumerate(actions)]
+    categories = {}
+    for index, action in enumerate(actions):
+        if action.get("requestor", "assistant") != "assistant":
+            continue
+        prefix = trajectory_of(actions[:index], answers[:index]).messages
+        expected = {"type": "function_call", "name": action["name"], "arguments": json.dumps(action["arguments"])}
+        own = requests.post(f"{url}/verify_pivot", json=pivot_body(domain, task_id, prefix, expected, [action]),
+                            timeout=300)  # fmt: skip
+        assert own.status_code == 200, own.text
+        assert (own.json()["reward"], own.json()["category"]) == (1.0, "equivalent"), (index, own.json())
+        categories[index] = own.json()["category"]
+        if index in mutated:
+            other = action | {"arguments": mutated[index]}
+            body = pivot_body(domain, task_id, prefix, expected, [other])
+            got = requests.post(f"{url}/verify_pivot", json=body, timeout=300).json()
+            assert (got["reward"], got["category"]) == (0.0, "different_state"), (index, got)
+            categories[f"{index} mutated"] = got["category"]
+    return categories

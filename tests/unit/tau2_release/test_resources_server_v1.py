@@ -215,6 +215,29 @@ def test_forks_of_a_live_session_and_of_a_stored_prefix_are_isolated(server_url,
     assert measured["live_fork_s"] < WAIT_S and measured["stored_fork_s"] < WAIT_S, measured
 
 
+PIVOT_MUTATIONS = {  # for each domain's fork task: an assistant gold action given arguments that write elsewhere
+    "airline": {3: {"reservation_id": "59XX6W"}},  # cancels the other reservation
+    "retail": {4: {"order_id": "#W2378156", "item_ids": ["1151293680"], "new_item_ids": ["7706410293"],
+                   "payment_method_id": "credit_card_9513926"}},  # exchanges one item of two
+    "telecom": {0: {"customer_id": "C1001", "line_id": "L1001"}},  # roaming on another of the customer's lines
+    "banking_knowledge": {0: "time_verified"},  # the verification logged at another time
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("domain", list(FORK_TASKS))
+def test_gold_turns_score_1_and_a_write_elsewhere_0_by_the_release_s_own_state(server_url, worker, domain):
+    """``/verify_pivot`` on v1.0.1: the worker's forks and its state digest (tau2's DB hashes, unlocked tools)."""
+    task = _release_task(worker, domain, FORK_TASKS[domain])
+    keys = ("requestor", "name", "arguments")
+    actions = [{key: action[key] for key in keys} for action in task["evaluation_criteria"]["actions"]]
+    mutated = {
+        index: arguments if isinstance(arguments, dict) else actions[index]["arguments"] | {arguments: "2025-11-14"}
+        for index, arguments in PIVOT_MUTATIONS[domain].items()
+    }
+    categories = forks_http.check_gold_pivots(server_url, domain, task["id"], actions, mutated)
+    assert any(str(key).endswith("mutated") for key in categories), categories
+
+
 def test_a_banking_fork_has_the_tools_it_unlocked_and_no_other_fork_s(server_url, worker):
     task = _release_task(worker, "banking_knowledge", "task_087")
     verification, unlock, call = task["evaluation_criteria"]["actions"][:3]
