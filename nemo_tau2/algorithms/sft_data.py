@@ -250,7 +250,7 @@ def test_split_task_ids(domain: str) -> frozenset[str]:
     return frozenset(domains.task_splits(domain).get(TEST_SPLIT, ()))
 
 
-def _test_split_ids(tau2: Tau2ReleaseConfig, domains_: list[str]) -> dict[str, frozenset[str]]:
+def release_test_split_ids(tau2: Tau2ReleaseConfig, domains_: list[str]) -> dict[str, frozenset[str]]:
     """The release's test split of each domain: v0.2.1's in process, another release's from its worker."""
     if not domains_:
         return {}
@@ -295,7 +295,7 @@ def select_rows(
                 f"tau2.version {tau2.version}: set tau2.version to the release the episodes played"
             )
     tau2_domains = [] if allow_test_split else sorted({row["domain"] for row in rows} & set(domains.DOMAINS))
-    test_ids = _test_split_ids(tau2, tau2_domains)
+    test_ids = release_test_split_ids(tau2, tau2_domains)
     kept: list[dict[str, Any]] = []
     seen: set[str] = set()
     per_task: Counter = Counter()
