@@ -39,6 +39,7 @@ SLOW_MODULES = frozenset(
         "algorithms/test_in_flight_weight_update.py",
         "algorithms/test_pipeline.py",
         "algorithms/test_sft_rft.py",
+        "algorithms/test_pivot_rl.py",
         # whole evaluations through examples/run_eval.py (a process each, with its Gym stack)
         "evals/test_eval_end_to_end.py",
         "evals/test_nemo_rl_layout.py",

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from nemo_tau2.experience.row_keys import episode_task
+
 if TYPE_CHECKING:  # the rollouts module is not needed to read a config
     from nemo_tau2.experience.rollouts import RolloutResult
 
@@ -126,11 +128,17 @@ class TaskCurriculum:
         self._rng.bit_generator.state = state["rng"]
 
 
+def task_key(domain: str, task_id: str, pivot_id: str | None = None) -> str:
+    """A training row's key: its domain and what it plays (a pivot row: the task and the pivot)."""
+    return f"{domain}/{episode_task(task_id, pivot_id)}"
+
+
 def record_successes(curriculum: TaskCurriculum, results: list["RolloutResult"]) -> None:
-    """Feed the finished episodes' successes to the curriculum, per task."""
+    """Feed the finished episodes' successes to the curriculum, per task (per pivot for pivot rows)."""
     successes_by_task: dict[str, list[bool]] = {}
     for result in results:
         if result.ok:
-            successes_by_task.setdefault(f"{result.domain}/{result.task_id}", []).append(result.success)
-    for task_key, successes in successes_by_task.items():
-        curriculum.record(task_key, successes)
+            key = task_key(result.domain, result.task_id, result.pivot_id)
+            successes_by_task.setdefault(key, []).append(result.success)
+    for key, successes in successes_by_task.items():
+        curriculum.record(key, successes)

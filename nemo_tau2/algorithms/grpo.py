@@ -35,7 +35,7 @@ from nemo_tau2.algorithms import training_setup
 from nemo_tau2.algorithms.advantages import compute_advantages
 from nemo_tau2.algorithms.agreement import generation_agreement
 from nemo_tau2.algorithms.async_collector import AsyncCollector
-from nemo_tau2.algorithms.curriculum import TaskCurriculum, record_successes
+from nemo_tau2.algorithms.curriculum import TaskCurriculum, record_successes, task_key
 from nemo_tau2.algorithms.grpo_config import GRPOMasterConfig
 from nemo_tau2.algorithms.loss import ClippedPGLossFn
 from nemo_tau2.algorithms.prompt_fit import check_prompts_fit
@@ -88,7 +88,7 @@ class GRPOSetup:
 
 
 def _task_key(row: dict) -> str:
-    return f"{row['domain']}/{row['task_id']}"
+    return task_key(row["domain"], row["task_id"], row.get("pivot_id"))
 
 
 @contextmanager

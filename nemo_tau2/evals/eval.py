@@ -132,7 +132,7 @@ def pending_episodes(rows: Sequence[dict], n: int, done: set) -> list[dict]:
         row | {"sample_index": sample}
         for row in rows
         for sample in range(n)
-        if (str(row["domain"]), str(row["task_id"]), sample) not in done
+        if episode_key(row | {"sample_index": sample}) not in done
     ]
 
 
@@ -248,7 +248,7 @@ def run_eval(cfg: EvalMasterConfig, raw: DictConfig) -> tuple[dict[str, Any], st
     write_system_prompts(save_dir, rows)
     log = RolloutLog(save_dir)
     try:
-        done = {key for key in log.done() if key[:2] in {(str(r["domain"]), str(r["task_id"])) for r in rows}}
+        done = {key for key in log.done() if key[:2] in {episode_key(r | {"sample_index": 0})[:2] for r in rows}}
         pending = pending_episodes(rows, cfg.eval.num_tests_per_prompt, done)
         total = len(rows) * cfg.eval.num_tests_per_prompt
         cache_rate = None

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_tau2.experience.rollouts import OK, RolloutResult
+from nemo_tau2.experience.row_keys import episode_task
 from nemo_tau2.utils.jsonl_log import JsonlLog, write_json_atomic  # noqa: F401  (re-exported)
 
 logger = logging.getLogger(__name__)
@@ -29,7 +30,9 @@ EpisodeKey = tuple[str, str, int]
 
 
 def episode_key(record: dict[str, Any]) -> EpisodeKey:
-    return str(record["domain"]), str(record["task_id"]), int(record["sample_index"])
+    """(domain, task (a pivot's: task@pivot), sample index) of a record or a row with its ``sample_index``."""
+    task = episode_task(record["task_id"], record.get("pivot_id"))
+    return str(record["domain"]), task, int(record["sample_index"])
 
 
 def record_of(result: RolloutResult, keep_transcript: bool) -> dict[str, Any]:

@@ -32,6 +32,7 @@ import orjson
 from nemo_tau2.experience.episode_post import post_episode
 from nemo_tau2.experience.message_log import message_log_from_output
 from nemo_tau2.experience.progress import ProgressWatch, RolloutProgress
+from nemo_tau2.experience.row_keys import pivot_tool
 from nemo_tau2.generation.config import GenerationConfig
 from nemo_tau2.gym.agent.episode_record import EpisodeData, EpisodeStatus, FailureKind
 from nemo_tau2.gym.episode_config import NemoGymEnvConfig
@@ -85,6 +86,9 @@ class RolloutResult:
     status: EpisodeStatus
     tau2_version: str | None = None  # the release that seeded the episode (None: it failed before seeding)
     retrieval_variant: str | None = None  # banking_knowledge: tau2's retrieval variant it was played with
+    pivot_id: str | None = None  # a pivot row's (PivotRL: one turn of the task, docs/pivot-rl.md)
+    pivot_tool: str | None = None  # its demonstrated action: the tool called (first of a batch), or "message"
+    split: str | None = None  # the row's tau2 split, where the row names it (a pivot's: "test" ones are held out)
     policy_model: str | None = None
     reward: float | None = None
     success: bool | None = None
@@ -165,6 +169,9 @@ def result_from_response(
         "sample_index": sample_index,
         "domain": str(row.get("domain")),
         "task_id": str(row.get("task_id")),
+        "pivot_id": row.get("pivot_id"),
+        "pivot_tool": pivot_tool(row.get("expected_action")),
+        "split": row.get("split"),
     }
     if status_code != 200 or not isinstance(body, dict) or body.get("status") != EpisodeStatus.OK:
         error = body.get("error") if isinstance(body, dict) else None

@@ -17,7 +17,7 @@ import orjson
 from nemo_tau2.algorithms.sft_data import release_test_split_ids
 from nemo_tau2.pivots.candidates import StoredTrajectory, pivot_rows
 from nemo_tau2.tau2_env import domains
-from nemo_tau2.tau2_env.gym_rows import task_row
+from nemo_tau2.tau2_env.gym_rows import compact_rows, task_row
 from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
 from nemo_tau2.utils.jsonl_log import replace_lines
 
@@ -41,23 +41,28 @@ class PivotReport:
                 "skipped": dict(self.skipped)}  # fmt: skip
 
 
-def task_rows(tau2: Tau2ReleaseConfig, keys: set[tuple[str, str]]) -> dict[tuple[str, str], dict]:
-    """The Gym row of each ``(domain, task_id)`` the release has (those it lacks are left out)."""
+def task_rows(tau2: Tau2ReleaseConfig, keys: set[tuple[str, str]], compact: bool) -> dict[tuple[str, str], dict]:
+    """The Gym row of each ``(domain, task_id)`` the release has (those it lacks are left out); ``compact``: the
+    short system prompt and the gold actions' tools only, as a run with ``data.compact_rows`` plays them."""
     if tau2.version == "v0.2.1":
         rows = {}
         for domain, task_id in keys:
             try:
-                rows[domain, task_id] = task_row(domain, task_id)
+                rows[domain, task_id] = (compact_rows(domain, [task_id]) if compact else [task_row(domain, task_id)])[
+                    0
+                ]
             except (domains.UnknownDomainError, domains.UnknownTaskError, ValueError):
                 continue
         return rows
     from nemo_tau2.tau2_release.rows import release_rows
 
-    found = release_rows(tau2, sorted({domain for domain, _ in keys}), split=None, what="pivots")
+    found = release_rows(tau2, sorted({domain for domain, _ in keys}), split=None, what="pivots", compact=compact)
     return {(row["domain"], str(row["task_id"])): row for row in found if (row["domain"], str(row["task_id"])) in keys}
 
 
-def prepare_pivots(trajectories: list[StoredTrajectory], tau2: Tau2ReleaseConfig, output: Path) -> PivotReport:
+def prepare_pivots(
+    trajectories: list[StoredTrajectory], tau2: Tau2ReleaseConfig, output: Path, compact: bool = False
+) -> PivotReport:
     """Write every candidate of ``trajectories`` to ``output`` (whole or absent); what was written, and skipped."""
     report = PivotReport(trajectories=len(trajectories))
     mine = []
@@ -68,7 +73,7 @@ def prepare_pivots(trajectories: list[StoredTrajectory], tau2: Tau2ReleaseConfig
             ] += 1
         else:
             mine.append(trajectory)
-    rows = task_rows(tau2, {(t.domain, t.task_id) for t in mine})
+    rows = task_rows(tau2, {(t.domain, t.task_id) for t in mine}, compact)
     held_out = release_test_split_ids(tau2, sorted({domain for domain, _ in rows}))
     lines = []
     for trajectory in mine:

@@ -11,6 +11,7 @@ from nemo_tau2.report import eval_figures as ef
 from nemo_tau2.report import page
 from nemo_tau2.report.compare import flipped_tasks
 from nemo_tau2.report.episodes import OUTCOME_COLORS, Redactor, episode_payload
+from nemo_tau2.report.pivots import has_pivots, pivot_summary, pivot_table_html
 from nemo_tau2.report.retrieval import has_retrieval, retrieval_figures, retrieval_table
 from nemo_tau2.report.sources import EvalRun, ReportInputError, TrainingRun, check_comparable, load_results
 from nemo_tau2.report.training_figures import training_figures
@@ -169,6 +170,16 @@ def _training_sections(p: _Page, runs: list[TrainingRun]) -> None:
         for evaluation, label in zip(last, labels, strict=True):
             evaluation.name = label
         _eval_sections(p, last, labels, "val_", "Last validation")
+        for run in (run for run in validated if has_pivots(run.validations[max(run.validations)])):
+            first_step, last_step = min(run.validations), max(run.validations)
+            summary = pivot_summary(run.validations[first_step], run.validations[last_step], first_step, last_step)
+            p.add(
+                "pivots",
+                f"Pivots: {run.name}",
+                page.card(pivot_table_html(summary)),
+                "Share of sampled turns that do what the demonstrated turn does, per pivot group.",
+                nav="Pivots",
+            )
 
 
 def build_report(paths: Sequence[str | Path], out: str | Path) -> Path:

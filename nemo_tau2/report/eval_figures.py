@@ -7,6 +7,7 @@ from typing import Any
 
 from bokeh.models import ColumnDataSource, CustomJS, FactorRange, HoverTool, TapTool
 
+from nemo_tau2.experience.row_keys import episode_task
 from nemo_tau2.report.charts import box_plot, dodged_bars, finish_legend, line_with_interval, new_figure, run_color
 from nemo_tau2.report.episodes import COMPONENTS, OUTCOME_COLORS, OUTCOMES, components, outcome, wall_seconds
 from nemo_tau2.report.sources import EvalRun
@@ -69,7 +70,7 @@ def pass_k_figures(runs: list[EvalRun]) -> list:
 
 
 def task_label(record: dict[str, Any]) -> str:
-    return f"{record['domain']}/{record['task_id']}"
+    return f"{record['domain']}/{episode_task(record['task_id'], record.get('pivot_id'))}"
 
 
 MAX_ROW_LABEL = 34
@@ -110,7 +111,7 @@ def pass_rates(run: EvalRun) -> dict[str, float]:
 
 def episode_key(run_index: int, record: dict[str, Any]) -> str:
     """The viewer's id of an episode: run index, domain, task id, sample."""
-    return f"{run_index}|{record['domain']}|{record['task_id']}|{record['sample_index']}"
+    return f"{run_index}|{record['domain']}|{task_label(record).partition('/')[2]}|{record['sample_index']}"
 
 
 def outcome_grid(run: EvalRun, run_index: int):

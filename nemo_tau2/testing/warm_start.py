@@ -27,6 +27,7 @@ from nemo_tau2.env_cache import CacheUnusable, build_once, cache_root
 from nemo_tau2.generation.tiny_model import build_tiny_tokenizer, tool_call_text
 from nemo_tau2.tau2_env import domains
 from nemo_tau2.tau2_env.episode import Episode
+from nemo_tau2.tau2_env.gym_rows import compact_rows
 from nemo_tau2.testing.tau2_scripts import DEFAULT_CLOSING_TEXT, corrupt_arguments, opening_text
 
 logger = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ def build_tiny_policy(cfg: TinyPolicyConfig, rows: list[dict], output_dir: str |
     rows, the tokenizer and its chat template), this module's code, and the torch and transformers versions."""
     tokenizer = build_tiny_tokenizer()
     config = tiny_policy_architecture(cfg, tokenizer)
-    examples = _warm_start_examples(cfg, rows, tokenizer)
+    examples = _warm_start_examples(cfg, _task_rows(rows), tokenizer)
     key = _cache_key(cfg, config, examples)
     output = Path(output_dir)
 
@@ -101,6 +102,19 @@ def build_tiny_policy(cfg: TinyPolicyConfig, rows: list[dict], output_dir: str |
         return output
     shutil.copytree(built, output, dirs_exist_ok=True)
     return output
+
+
+def _task_rows(rows: list[dict]) -> list[dict]:
+    """The rows as tasks: a pivot row (PivotRL's turn, ``expected_action``) stands for its task's compact row, so a
+    pivot run warm-starts the same tiny policy as an episode run on those tasks (the same cache key)."""
+    tasks, seen = [], set()
+    for row in rows:
+        if "expected_action" not in row:
+            tasks.append(row)
+        elif (key := (row["domain"], str(row["task_id"]))) not in seen:
+            seen.add(key)
+            tasks += compact_rows(*key[:1], [key[1]])
+    return tasks
 
 
 def _warm_start_examples(cfg: TinyPolicyConfig, rows: list[dict], tokenizer) -> list[Example]:

@@ -29,7 +29,7 @@ from nemo_tau2.gym.agent.episode_record import (
     failure_kind,
     metric_flags,
 )
-from nemo_tau2.gym.agent.resources_client import HttpTau2Session
+from nemo_tau2.gym.agent.resources_client import PIVOT_KEY, PIVOT_TERMINATION, HttpTau2Session
 from nemo_tau2.gym.agent.turns import Turn, read_turn, with_last_token_ids_only
 from nemo_tau2.gym.agent.user_simulator import UserSimulator
 from nemo_tau2.gym.episode_config import EpisodeSettings
@@ -93,9 +93,12 @@ class EpisodeOrchestrator:
                 *(state.domain, state.task_id, state.sample_index, state.resources_url, state.request_key),
             )
             try:
-                await self.session.seed(state)
-                await self._play(state)
-                result = await verify(state, self.session)
+                if PIVOT_KEY in row:  # a pivot (docs/pivot-rl.md): one policy turn, judged by what it does
+                    result = await self._pivot_turn(state)
+                else:
+                    await self.session.seed(state)
+                    await self._play(state)
+                    result = await verify(state, self.session)
             except InfrastructureError as e:
                 return 502, self._episode_data(state, time.perf_counter() - started, failure=e)
             except RowError as e:
@@ -114,6 +117,15 @@ class EpisodeOrchestrator:
         while state.termination_reason is None:
             agent_said(state, await self._policy_turn(state), self.settings)
             await play_until_agent(state, self.user, self.session, self.settings)
+
+    async def _pivot_turn(self, state: EpisodeState) -> dict:
+        """A pivot row's episode: the policy's one turn at the pivot's prompt, scored by ``/verify_pivot`` (the
+        action run in a fork of the pivot's state). No session is seeded: the server rebuilds the state per pivot."""
+        state.tau2_version = state.row.get("tau2_version") or "v0.2.1"
+        state.retrieval_variant = state.row.get("retrieval_variant")
+        turn = await self._policy_turn(state)
+        state.termination_reason = PIVOT_TERMINATION if turn is not None else "agent_error"
+        return await self.session.verify_pivot(state)
 
     # ---------------------------------------------------------------- the policy and the user model
     async def _policy_turn(self, state: EpisodeState) -> Turn | None:

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from nemo_tau2.gym.agent.conversation import EpisodeState, RowError, final_response
-from nemo_tau2.gym.agent.episode_record import trajectory_metadata
+from nemo_tau2.gym.agent.episode_record import TRAJECTORY_KEY, trajectory_metadata
 from nemo_tau2.gym.agent.tool_calls import REFUSED_CALL_ANSWER
 from nemo_tau2.gym.agent.turns import without_token_ids
 from nemo_tau2.gym.http_client import GymHttpClient, InfrastructureError, JsonResponse, RetryConfig
@@ -31,6 +31,15 @@ logger = logging.getLogger(__name__)
 
 TOOL_ERROR_HEADER = "x-tau2-tool-error"  # lower case: JsonResponse.headers
 IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
+PIVOT_KEY = "expected_action"  # a row holding it is a pivot (NeMo-Gym's pivot row contract): one turn, /verify_pivot
+PIVOT_TERMINATION = "pivot_turn"  # a pivot episode's end: its one policy turn was taken
+PIVOT_NO_COMPONENTS = (
+    "db_match",
+    "action_match_fraction",
+    "write_action_match_fraction",
+    "env_assertion_fraction",
+    "communicate_fraction",
+)  # tau2's reward components: a pivot's reward is the functional verdict
 
 
 class HttpTau2Session:
@@ -113,6 +122,29 @@ class HttpTau2Session:
         if response.body.get("tau2_messages") is None:  # the record keeps the trajectory on every release
             response.body["tau2_messages"] = state.tau2_messages
         return response.body
+
+    async def verify_pivot(self, state: EpisodeState) -> dict:
+        """The pivot turn's functional verdict; the answer in a scored episode's shape (``success``: reward 1, no
+        tau2 reward components), with the policy's output (token ids included) as its ``response``."""
+        extras = {key: value for key, value in state.row.items() if key[:1] != "_"}
+        del extras["responses_create_params"]
+        response_object = final_response(state)
+        body = extras | {
+            "responses_create_params": state.row["responses_create_params"],
+            "response": response_object | {"output": [without_token_ids(item) for item in state.outputs]},
+        }
+        state.resources_url = state.resources_url or self.router.route(state.request_key)
+        response = await self._post(state, "/verify_pivot", body, "verifying the pivot turn")
+        if response.status in (400, 404, 422):
+            raise RowError(f"the resources server refused the pivot at /verify_pivot: {response.text[:500]}")
+        if response.status != 200:
+            raise response.failure("/verify_pivot")
+        answer = {key: value for key, value in response.body.items() if key != TRAJECTORY_KEY}  # the row's prefix
+        state.verified = True
+        return answer | dict.fromkeys(PIVOT_NO_COMPONENTS) | {
+            "response": response_object, "success": answer["reward"] == 1.0, "num_tool_calls": 0,
+            "num_tool_errors": 0, "reward_info": {"pivot": {key: answer.get(key) for key in ("category", "detail")}},
+        }  # fmt: skip
 
     async def end(self, state: EpisodeState) -> None:
         if not state.cookies["resources"]:
