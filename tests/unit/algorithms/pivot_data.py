@@ -6,12 +6,11 @@ Each task's episode as the scripted fake plays it with its oracle policy: the gr
 
 from pathlib import Path
 
-from nemo_tau2.gym.resources_server.rescoring import replay
 from nemo_tau2.pivots.candidates import StoredTrajectory
+from nemo_tau2.pivots.gold import gold_trajectory
 from nemo_tau2.pivots.prepare import PivotReport, prepare_pivots
-from nemo_tau2.tau2_env import domains, prompts
+from nemo_tau2.tau2_env import domains
 from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
-from nemo_tau2.tau2_release.trajectory import Trajectory
 from nemo_tau2.testing.tau2_scripts import DEFAULT_CLOSING_TEXT, opening_text
 
 REPO = Path(__file__).resolve().parents[3]
@@ -21,16 +20,8 @@ TASKS = ["update_task_1", "create_task_1"]  # grpo_tau2_cpu_smoke.yaml's
 
 def oracle_trajectory(domain: str, task_id: str) -> StoredTrajectory:
     task = domains.get_task(domain, task_id)
-    trajectory = Trajectory()
-    trajectory.text("assistant", prompts.greeting())
-    trajectory.text("user", opening_text(task))
-    episode = replay(domain, task_id, trajectory.messages)
-    for index, action in enumerate(task.evaluation_criteria.actions):
-        answer = episode.call_tool(action.name, action.arguments, action.requestor, f"call_{index}")
-        trajectory.tool_call(action.requestor, f"call_{index}", action.name, action.arguments,
-                             {"content": answer.content, "error": answer.error})  # fmt: skip
-    trajectory.text("assistant", DEFAULT_CLOSING_TEXT)
-    return StoredTrajectory(domain, task_id, trajectory.messages, source=f"oracle:{domain}/{task_id}", reward=1.0)
+    played = gold_trajectory(domain, task_id, opening=opening_text(task), closing=DEFAULT_CLOSING_TEXT)
+    return StoredTrajectory(domain, task_id, played.tau2_messages, source=f"oracle:{domain}/{task_id}", reward=1.0)
 
 
 def write_oracle_pivots(output: Path) -> PivotReport:

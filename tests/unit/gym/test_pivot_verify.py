@@ -18,36 +18,27 @@ import pytest
 import requests
 
 from nemo_tau2.gym.resources_server.rescoring import replay
+from nemo_tau2.pivots.gold import gold_trajectory
 from nemo_tau2.tau2_env import domains
 from nemo_tau2.tau2_env.session_db import SnapshotJsonCache, databases_equal
-from nemo_tau2.tau2_release.trajectory import Trajectory
 
 DOMAINS = ["airline", "retail", "telecom"]
-GREETING = "Hi! How can I help you today?"
 SNAPSHOT_JSON = SnapshotJsonCache()
 TAU2_HASH_EVERY = 25  # every 25th mutation's states are compared by tau2's own hash as well
 MUTATIONS = itertools.count()
 
 
 def gold_pivots(domain: str) -> list[dict]:
-    """(task, the trajectory before each assistant gold action, the action), built by playing the gold actions."""
+    """(task, the gold trajectory before each assistant gold action, the action): tau2's demonstrations cut at each
+    of their calls (:func:`gold_trajectory`: both parties' gold actions played, with their answers)."""
     pivots = []
     for task_id in domains.task_splits(domain)["base"]:
-        actions = domains.get_task(domain, task_id).evaluation_criteria.actions or []
-        trajectory = Trajectory()
-        trajectory.text("assistant", GREETING)
-        episode = replay(domain, task_id, trajectory.messages)
-        for index, action in enumerate(actions):
-            if action.requestor == "assistant":
-                prefix = [dict(message) for message in trajectory.messages]
-                pivots.append(
-                    {"task_id": task_id, "prefix": prefix, "name": action.name, "arguments": action.arguments}
-                )
-            answer = episode.call_tool(action.name, action.arguments, action.requestor, f"gold-{index}")
-            trajectory.tool_call(
-                action.requestor, f"gold-{index}", action.name, action.arguments,
-                {"content": answer.content, "error": answer.error},
-            )  # fmt: skip
+        messages = gold_trajectory(domain, task_id).tau2_messages
+        for index, message in enumerate(messages):
+            for call in message.get("tool_calls") or []:
+                if message["role"] == "assistant":
+                    pivots.append({"task_id": task_id, "prefix": messages[:index], "name": call["name"],
+                                   "arguments": call["arguments"]})  # fmt: skip
     return pivots
 
 

@@ -21,9 +21,8 @@ import orjson
 import pytest
 
 from nemo_tau2.gym.model_server.conversion import chat_request
-from nemo_tau2.gym.resources_server.rescoring import replay
-from nemo_tau2.tau2_env import domains, prompts
-from nemo_tau2.tau2_release.trajectory import Trajectory
+from nemo_tau2.pivots.gold import gold_trajectory
+from nemo_tau2.tau2_env import domains
 
 TASKS = [("airline", "7"), ("retail", "0")]
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
@@ -41,16 +40,8 @@ prepare_pivots, profile_pivots = script("prepare_pivots"), script("profile_pivot
 
 
 def gold_messages(domain: str, task_id: str) -> list[dict]:
-    trajectory = Trajectory()
-    trajectory.text("assistant", prompts.greeting())
-    trajectory.text("user", "Hi, I need help with my booking.")
-    episode = replay(domain, task_id, trajectory.messages)
-    for index, action in enumerate(domains.get_task(domain, task_id).evaluation_criteria.actions):
-        answer = episode.call_tool(action.name, action.arguments, action.requestor, f"call-{index}")
-        trajectory.tool_call(action.requestor, f"call-{index}", action.name, action.arguments,
-                             {"content": answer.content, "error": answer.error})  # fmt: skip
-    trajectory.text("assistant", "All done. Anything else?")
-    return trajectory.messages
+    opening, closing = "Hi, I need help with my booking.", "All done. Anything else?"
+    return gold_trajectory(domain, task_id, opening=opening, closing=closing).tau2_messages
 
 
 def chat_of(messages: list[dict]) -> list[dict]:
