@@ -120,7 +120,7 @@ def verify_body(pivot: dict, arguments: dict) -> dict:
                                  "parallel_tool_calls": True, "tool_choice": "auto", "tools": []}}  # fmt: skip
 
 
-async def verdicts_over_http(url: str, pivots: list[dict], pool: dict, concurrency: int) -> dict:
+async def verdicts_over_http(url: str, server_pid: int, pivots: list[dict], pool: dict, concurrency: int) -> dict:
     bodies = []
     for pivot in pivots:
         arguments = json.loads(pivot["expected_action"]["arguments"])
@@ -138,14 +138,17 @@ async def verdicts_over_http(url: str, pivots: list[dict], pool: dict, concurren
 
         await asyncio.gather(*(post(verify_body(p, json.loads(p["expected_action"]["arguments"]))) for p in pivots))
         latencies.clear()  # the warm-up: each pivot's state rebuilt once
-        started = time.perf_counter()
+        server = psutil.Process(server_pid)
+        cpu_before, started = sum(server.cpu_times()[:2]), time.perf_counter()
         await asyncio.gather(*(post(body) for body in bodies))
         wall = time.perf_counter() - started
+        server_cpu = sum(server.cpu_times()[:2]) - cpu_before
         async with http.get(f"{url}/pivot_stats") as answer:
             stats = await answer.json()
-    measured = {"ms_per_sample": 1000 * wall / len(bodies), "latency_ms_p50": statistics.median(latencies)}
+    measured = {"ms_per_sample": 1000 * wall / len(bodies), "latency_ms_p50": statistics.median(latencies),
+                "server_cpu_ms_per_sample": 1000 * server_cpu / len(bodies)}  # fmt: skip
     return {"samples": len(bodies), "concurrency": concurrency, "server_mean_verdict_ms": stats["mean_verdict_ms"]} | (
-        measured
+        measured  # server_mean_verdict_ms: the handler's own time, the warm-up's rebuilds included
     )
 
 
@@ -252,7 +255,9 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="pivots_bench_"))
     with GymServers([spec], log_dir=work / "logs") as servers:
         url = servers.url(RESOURCES_SERVER)
-        result["verdicts_http"] = asyncio.run(verdicts_over_http(url, pivots, pool, args.concurrency))
+        result["verdicts_http"] = asyncio.run(
+            verdicts_over_http(url, servers.pid(RESOURCES_SERVER), pivots, pool, args.concurrency)
+        )
         print(json.dumps(result["verdicts_http"]), flush=True)
         candidates = [dict(pivots[i % len(pivots)]) for i in range(args.candidates)]
         result["profiling"] = profiling(url, servers.pid(RESOURCES_SERVER), candidates, pool, args.samples, work)

@@ -8,13 +8,14 @@ on a finished trajectory, so the live environment *is* tau2's "predicted environ
 import copy
 import time
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from tau2.data_model.message import AssistantMessage, Message, ToolCall, ToolMessage, UserMessage
 from tau2.data_model.tasks import Task
 from tau2.environment.environment import Environment
 
 from nemo_tau2.tau2_env import domains
+from nemo_tau2.tau2_env.session_db import CopyOnAccessDict
 
 Requestor = Literal["assistant", "user"]
 
@@ -70,6 +71,21 @@ class Episode:
         log so far."""
         return [Episode(self.domain, self.task, copy.deepcopy(self.env), list(self.tool_log), self.num_tool_errors)
                 for _ in range(n)]  # fmt: skip
+
+    def branch(self) -> "Episode":
+        """A fork that reads this episode's state in place: each DB collection a copy-on-access layer over this
+        episode's (an entry is copied from it the first time the branch looks it up), the rest deep-copied. Forking
+        costs what the branch touches, not what this episode owns; this episode must not change while the branch
+        lives (a pivot's rebuilt state, which only ever answers through branches)."""
+        memo: dict[int, Any] = {}
+        for tools in (self.env.tools, self.env.user_tools):
+            db = getattr(tools, "db", None)
+            for name in type(db).model_fields if db is not None else ():
+                if isinstance(value := getattr(db, name), CopyOnAccessDict):
+                    memo[id(value)] = CopyOnAccessDict(value)
+        return Episode(
+            self.domain, self.task, copy.deepcopy(self.env, memo), list(self.tool_log), self.num_tool_errors
+        )
 
     def call_tool(
         self, name: str, arguments: dict, requestor: Requestor = "assistant", call_id: str = ""

@@ -142,7 +142,7 @@ class SnapshotJsonCache:
         cache = self._by_collection.setdefault(id(collection.snapshot), {})
         text = cache.get(key)
         if text is None:
-            text = canonical_json(collection.snapshot[key])
+            text = canonical_json(dict.__getitem__(collection.snapshot, key))  # a layer's snapshot: never claimed
             cache[key] = text
         return text
 

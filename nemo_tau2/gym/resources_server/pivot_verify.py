@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Request
-from nemo_gym.base_resources_server import BaseVerifyRequest, BaseVerifyResponse
-from pydantic import BaseModel, ConfigDict, Field
+import orjson
+from fastapi import FastAPI, HTTPException, Request, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from nemo_tau2.gym.resources_server.forks import body_as, rebuild
+from nemo_tau2.gym.resources_server.forks import rebuild
 from nemo_tau2.gym.resources_server.in_process import call_tool
 from nemo_tau2.gym.resources_server.rescoring import TrajectoryError, stored_row
 from nemo_tau2.pivots.actions import (
@@ -60,19 +60,22 @@ class PivotCategory(StrEnum):
     NO_ACTION = "no_action"  # neither a call nor text
 
 
-class PivotVerifyRequest(BaseVerifyRequest):
+class PivotResponse(BaseModel):
+    model_config = ConfigDict(extra="allow")  # NeMo-Gym's response object: echoed whole, only its output read
+
+    output: list[dict]
+
+
+class PivotVerifyRequest(BaseModel):
+    """NeMo-Gym's verify request (``responses_create_params``, ``response``) for a pivot row: the row's fields, its
+    ``expected_action`` and its prefix. The prompt is echoed, never read: it is not validated item by item."""
+
     model_config = ConfigDict(extra="allow")  # the pivot row: domain, task_id, tau2_version, retrieval_variant, ...
 
+    responses_create_params: dict
+    response: PivotResponse
     expected_action: Action
     tau2_messages: list[dict] = Field(description="The trajectory before the pivot turn: what rebuilds its state.")
-
-
-class PivotVerifyResponse(BaseVerifyResponse):
-    model_config = ConfigDict(extra="allow")
-
-    expected_action: Action
-    category: PivotCategory
-    detail: str = Field(description="What differed, or what the calls did.")
 
 
 @dataclass
@@ -87,6 +90,8 @@ class Outcome:
 class PivotState:
     parent: Any  # the rebuilt episode (never called: every action runs in a fork of it)
     demonstrated: dict[str, Outcome] = field(default_factory=dict)  # expected action's JSON -> its outcome
+    # canonical JSON of the parent's entries, for comparing its branches (dies with the state: keyed by object ids)
+    json_cache: SnapshotJsonCache = field(default_factory=SnapshotJsonCache)
 
 
 class PivotStates:
@@ -117,26 +122,22 @@ def _close(episode: Any) -> None:
         episode.close()
 
 
-_snapshot_json = SnapshotJsonCache()
-
-
 def _state_of(fork: Any) -> Any:
     return fork if isinstance(fork, Episode) else fork.state_digest()
 
 
-def same_state(left: Any, right: Any) -> bool:
+def same_state(left: Any, right: Any, cache: SnapshotJsonCache) -> bool:
     """Whether two outcomes' states are equal as tau2 compares them (agent and user databases)."""
     if isinstance(left, Episode) and isinstance(right, Episode):
         user = [env.user_tools.db if env.user_tools else None for env in (left.env, right.env)]
-        return databases_equal(left.env.tools.db, right.env.tools.db, _snapshot_json) and databases_equal(
-            *user, _snapshot_json
-        )
+        return databases_equal(left.env.tools.db, right.env.tools.db, cache) and databases_equal(*user, cache)
     return left == right
 
 
 def run_in_fork(parent: Any, calls: list[tuple[str, dict]]) -> Outcome:
-    """``calls`` run in order in a new fork of ``parent``, as the agent's; the fork is ended once read."""
-    (fork,) = parent.fork(1)
+    """``calls`` run in order in a new fork of ``parent`` (in process: a branch, copying only what the calls
+    touch), as the agent's; the fork is ended once read."""
+    (fork,) = [parent.branch()] if isinstance(parent, Episode) else parent.fork(1)
     try:
         answers = [call_tool(fork, name, arguments, "assistant").content or "" for name, arguments in calls]
         return Outcome(sorted(answers), _state_of(fork))
@@ -169,11 +170,30 @@ def functional_verdict(state: PivotState, expected: Action, actual: Action | Non
         state.demonstrated[key] = run_in_fork(state.parent, demonstrated)
     wanted = state.demonstrated[key]
     got = run_in_fork(state.parent, [(call.name, args) for call, args in zip(actual_calls, arguments, strict=True)])
-    if not same_state(got.state, wanted.state):
+    if not same_state(got.state, wanted.state, state.json_cache):
         return 0.0, PivotCategory.DIFFERENT_STATE, f"{_named(actual_calls)} left another database state"
     if got.answers != wanted.answers:
         return 0.0, PivotCategory.DIFFERENT_ANSWER, f"{_named(actual_calls)} answered otherwise"
     return 1.0, PivotCategory.EQUIVALENT, f"{_named(actual_calls)}: the demonstrated state change and answers"
+
+
+def _parsed(raw: bytes) -> Any:
+    """The body's JSON (orjson; the standard library for what orjson refuses: a lone UTF-16 surrogate escaped in the
+    model's text, which the call's own tool error answers); a 400 for what is not JSON."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+            raise HTTPException(status_code=400, detail=f"/verify_pivot: body: not JSON ({e})") from None
+
+
+def _answer(fields: dict[str, Any]) -> bytes:
+    try:
+        return orjson.dumps(fields)
+    except orjson.JSONEncodeError:
+        return json.dumps(fields).encode()
 
 
 def pivot_key(row: BaseModel, prefix: list[dict]) -> str:
@@ -198,13 +218,19 @@ class PivotRoutes:
         app.get("/pivot_stats")(self.pivot_stats)
         app.router.on_shutdown.append(self.states.close)
 
-    async def verify_pivot(self, request: Request) -> PivotVerifyResponse:
-        body = await body_as(request, PivotVerifyRequest)
+    async def verify_pivot(self, request: Request) -> Response:
+        """NeMo-Gym's verify answer: the request's fields, ``reward``, ``category`` and ``detail``."""
+        fields = _parsed(await request.body())
+        try:
+            body = PivotVerifyRequest.model_validate(fields)
+        except ValidationError as e:
+            where = ".".join(map(str, e.errors()[0]["loc"])) or "body"
+            raise HTTPException(status_code=400, detail=f"/verify_pivot: {where}: {e.errors()[0]['msg']}") from None
         server, started = self.server, time.perf_counter()
         row = stored_row(self.row_model, body.model_extra, "a pivot's row")
         if (problem := server._row_problem(row)) is not None:
             raise HTTPException(status_code=problem[0], detail=problem[1])
-        actual = action_of_output([item.model_dump() for item in body.response.output])
+        actual = action_of_output(body.response.output)
 
         def build() -> Any:
             return rebuild(server._release, row.domain, row.task_id, body.tau2_messages)
@@ -222,9 +248,9 @@ class PivotRoutes:
             raise server._infrastructure_error(e) from e
         self.seconds += time.perf_counter() - started
         self.verdicts += 1
-        return PivotVerifyResponse.model_validate(
-            body.model_dump() | {"reward": reward, "category": category, "detail": detail}
-        )
+        fields.pop("tau2_messages")  # the row's prefix: the caller holds it (the rest is echoed, as NeMo-Gym does)
+        verdict = {"reward": reward, "category": category, "detail": detail}
+        return Response(content=_answer(fields | verdict), media_type="application/json")
 
     async def pivot_stats(self) -> dict[str, Any]:
         """Verdicts given, states rebuilt and kept, and the mean verdict time (server side)."""

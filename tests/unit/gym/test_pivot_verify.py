@@ -167,6 +167,10 @@ def test_parallel_calls_as_a_set_text_turns_and_refusals(resources_server_url):
     bad = verdict(http, url, body("retail", pivot, batch, [malformed]))
     assert (bad["reward"], bad["category"]) == (0.0, "malformed_call"), bad
 
+    surrogate = {**call(pivot["name"], first), "arguments": '{"order_id": "\\ud800"}'}  # a lone UTF-16 surrogate
+    odd = verdict(http, url, body("retail", pivot, batch, [surrogate]))
+    assert (odd["reward"], odd["category"]) == (0.0, "different_answer"), odd  # its tool error is its answer
+
     edited = [dict(message) for message in pivot["prefix"]]
     answer_index = max(i for i, message in enumerate(edited) if message["role"] == "tool")
     edited[answer_index]["content"] = "an answer this data never gave"
