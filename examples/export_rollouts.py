@@ -32,7 +32,10 @@ def main() -> int:
         print(describe(report))
         if not args.no_atif:
             folder, count = export_atif(args.results, agent_version=version("nemo-tau2"))
-            print(f"{folder}: {count} ATIF v1.7 trajector{'y' if count == 1 else 'ies'} and manifest.jsonl")
+            if count:
+                print(f"{folder}: {count} ATIF v1.7 trajector{'y' if count == 1 else 'ies'} and manifest.jsonl")
+            else:
+                print(f"{folder}: not written (no scored episode)")
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

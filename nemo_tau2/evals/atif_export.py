@@ -144,11 +144,12 @@ def atif_trajectory(
 
 def export_atif(save_dir: str | Path, agent_version: str) -> tuple[Path, int]:
     """Write ``<save_dir>/atif/`` (replaced whole) from the scored episodes of ``<save_dir>/rollouts.jsonl``; returns
-    the folder and the number of trajectories. Raises ``ValueError`` when there is nothing to export."""
+    the folder and the number of trajectories (0: no scored episode, nothing written). Raises ``ValueError`` when
+    ``save_dir`` is not an evaluation's results folder."""
     save_dir = Path(save_dir)
     episodes = scored_episodes(save_dir)
     if not episodes:
-        raise ValueError(f"{save_dir}: no scored episode to export (run the eval, or check eval.keep_transcripts)")
+        return save_dir / ATIF_DIR, 0
     session_id = save_dir.resolve().name
     folder = save_dir / ATIF_DIR
     staging = Path(tempfile.mkdtemp(prefix=f".{ATIF_DIR}.", dir=save_dir))

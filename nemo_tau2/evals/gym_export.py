@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_tau2.evals.results import CONFIG_FILE, ROLLOUTS_FILE, SYSTEM_PROMPTS_FILE
+from nemo_tau2.evals.reverify_config import write_resources_server_config
 from nemo_tau2.experience.rollouts import OK
 from nemo_tau2.gym.agent.episode_record import trajectory_metadata
 
@@ -367,6 +368,8 @@ def export_gym_run(save_dir: str | Path) -> GymExport:
         partial = report.folder / f"{name}.partial"
         partial.write_bytes(b"".join(line + b"\n" for line in lines))
         partial.replace(report.folder / name)
+    domains = sorted({record["domain"] for _, record in run.entries if isinstance(record, dict)})
+    write_resources_server_config(Path(save_dir), report.folder, domains)
     report.rollouts = len(rollouts) - report.passed_through
     report.failures, report.inputs = len(failures), len(inputs)
     return report
