@@ -11,7 +11,8 @@ nemo_gym/rollouts.jsonl`` would have written:
 - ``rollouts_failures.jsonl``: the episodes that have no verdict, classed as 0.7.0 classes failures
   (``judge_failed``: the NL judge's outage at ``/verify``, whose played episode is kept, so ``gym eval reverify
   --judge-failed-only`` re-judges it; ``agent_request_failed``: any other infrastructure failure);
-- ``rollouts_materialized_inputs.jsonl``: the task row of each episode, what ``gym eval reverify --inputs`` joins.
+- ``rollouts_materialized_inputs.jsonl``: the task row of each episode, what ``gym eval reverify --inputs`` joins;
+- ``resources_server.yaml``: the eval's resources server alone (:mod:`nemo_tau2.evals.reverify_config`).
 
 The export is faithful to the file it reads, faults included, so that 0.7.0's checks see them: a line that is not a
 JSON object is copied as it is (0.7.0 reports it unreadable), two scored lines of one episode stay two (0.7.0
