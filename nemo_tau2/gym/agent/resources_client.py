@@ -33,6 +33,7 @@ TOOL_ERROR_HEADER = "x-tau2-tool-error"  # lower case: JsonResponse.headers
 IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
 PIVOT_KEY = "expected_action"  # a row holding it is a pivot (NeMo-Gym's pivot row contract): one turn, /verify_pivot
 PIVOT_TERMINATION = "pivot_turn"  # a pivot episode's end: its one policy turn was taken
+PIVOT_ROW_ONLY = frozenset({TRAJECTORY_KEY, "turn", "source_reward"})
 PIVOT_NO_COMPONENTS = (
     "db_match",
     "action_match_fraction",
@@ -139,7 +140,8 @@ class HttpTau2Session:
             raise RowError(f"the resources server refused the pivot at /verify_pivot: {response.text[:500]}")
         if response.status != 200:
             raise response.failure("/verify_pivot")
-        answer = {key: value for key, value in response.body.items() if key != TRAJECTORY_KEY}  # the row's prefix
+        # the row's prefix, and its numeric provenance (NeMo-RL logs every number of the answer as a metric)
+        answer = {key: value for key, value in response.body.items() if key not in PIVOT_ROW_ONLY}
         state.verified = True
         return answer | dict.fromkeys(PIVOT_NO_COMPONENTS) | {
             "response": response_object, "success": answer["reward"] == 1.0, "num_tool_calls": 0,

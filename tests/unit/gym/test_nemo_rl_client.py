@@ -22,7 +22,7 @@ from nemo_tau2.testing import start_fake_server
 from nemo_tau2.testing.release_tasks import write_release_tasks
 from tests.env_python import environment_python
 from tests.tau2_v1_env import tau2_v1_python
-from tests.unit.gym.cli_shell import clean_copy, uv_cache_dir
+from tests.unit.gym.cli_shell import ROOT, clean_copy, uv_cache_dir
 from tests.unit.gym.nemo_rl_client import (
     CONFIGS,
     Run,
@@ -34,6 +34,7 @@ from tests.unit.gym.nemo_rl_client import (
     run_nemo_rl,
 )
 
+PIVOT_EXAMPLE = ROOT / "resources_servers" / "tau2_pivot" / "data" / "example.jsonl"
 V1_TASKS = "5,[service_issue]airplane_mode_on|lock_sim_card_pin[PERSONA:Easy]"  # airline 5, retail 5, telecom
 BANKING = "banking_knowledge"
 
@@ -56,6 +57,9 @@ def nemo_rl_runs(tmp_path_factory):
                  f"tau2.python={v1_python}")  # fmt: skip
     for release in ("tau2", "tau2_v1", "banking"):
         shutil.copy(workdir / "data" / release / "test.jsonl", workdir / "data" / release / "train.jsonl")
+    (workdir / "data" / "tau2_pivot").mkdir(parents=True)
+    for split in ("train", "test"):  # the tau2_pivot environment's own example pivots
+        shutil.copy(PIVOT_EXAMPLE, workdir / "data" / "tau2_pivot" / f"{split}.jsonl")
     base = machine_overrides(smollm2_hf_dir(), uv_cache_dir())
     with Tau2Worker(Tau2ReleaseConfig(version="v1.0.1", python=v1_python)) as worker:  # the oracle plays its gold
         banking = {BANKING: worker.request("tasks", domain=BANKING, split=None)}
@@ -67,6 +71,8 @@ def nemo_rl_runs(tmp_path_factory):
             Run("eval_v101_oracle", str(CONFIGS / "eval_tau2_v1.yaml"), fake.base_url,
                 [*base, "data.validation.repeat=1", "++env.nemo_gym.skip_venv_if_present=true"]),
             Run("grpo_banking_oracle", str(CONFIGS / "grpo_tau2_banking.yaml"), fake.base_url,
+                [*base, "grpo.val_num_generations_per_prompt=2", "++env.nemo_gym.skip_venv_if_present=true"]),
+            Run("grpo_pivot_oracle", str(CONFIGS / "grpo_tau2_pivot.yaml"), fake.base_url,
                 [*base, "grpo.val_num_generations_per_prompt=2", "++env.nemo_gym.skip_venv_if_present=true"]),
         ]  # fmt: skip
         env = nemo_rl_environment(
@@ -114,6 +120,20 @@ def test_grpo_on_banking_knowledge_plays_a_task_of_our_split_with_its_retrieval_
     assert len({e["task_id"] for e in episodes}) == 1
     found = {"searches", "documents_found", "document_recall", "tools_unlocked", "unlock_recall"}
     assert all(found <= set(e["retrieval_keys"]) for e in episodes), episodes
+
+
+def test_grpo_on_tau2_pivots_plays_one_turn_per_pivot_scored_in_a_fork(nemo_rl_runs):
+    """grpo_tau2_pivot.yaml through the tau2_pivot environment: each pivot (resources_servers/tau2_pivot's example: the
+    first two calls of airline 7's and retail 0's gold) one policy turn, scored by /verify_pivot. The oracle answers
+    a new conversation with the task's first gold call: right at each task's first pivot, wrong at its second."""
+    run = nemo_rl_runs["grpo_pivot_oracle"]
+    assert not run["is_trajectory_collection"] and run["validation_rows"] == 4
+    (batch,) = run["batches"]
+    assert batch["batch_size"] == 8 and sorted(batch["rewards"]) == [0.0] * 4 + [1.0] * 4, batch["rewards"]
+    assert batch["loss_mask_tokens"] == batch["generated_tokens"] and all(n > 0 for n in batch["generated_tokens"])
+    assert batch["logprobs_outside_mask"] == 0.0 and batch["sample_mask"] == [1.0] * 8
+    assert all(episode["turns"] == 1 for episode in batch["episodes"])  # one turn, its tokens trained
+    check_metric_keys(batch)
 
 
 def test_the_shipped_configs_have_every_key_nemo_rls_own_grpo_config_has(nemo_rl_runs):
