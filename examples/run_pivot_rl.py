@@ -60,9 +60,11 @@ def _report_pivots(log_dir: str) -> None:
 
 
 def _main() -> int:
+    if "--plan" in sys.argv:  # the memory plan needs no rows (run_grpo.py prints it and exits)
+        return runpy.run_path(str(RUN_GRPO))["main"]()
     log_dir, validates = _check_pivot_rows()
     status = runpy.run_path(str(RUN_GRPO))["main"]()  # run_grpo.py's own command, on these rows
-    if status == 0 and validates and "--plan" not in sys.argv:
+    if status == 0 and validates:
         _report_pivots(log_dir)
     return status
 
