@@ -21,16 +21,13 @@ The last line printed is JSON.
 
 import argparse
 import asyncio
-import hashlib
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import aiohttp
@@ -45,6 +42,7 @@ from nemo_tau2.pivots.gold import gold_trajectory
 from nemo_tau2.pivots.profile import Endpoint, Profiler, ProfileSettings, profile_pivots
 from nemo_tau2.tau2_env import domains
 from nemo_tau2.tau2_env.gym_rows import task_row
+from nemo_tau2.testing.scheduled_chat import ScheduledChat, prompt_key
 
 HERE = Path(__file__).resolve().parent
 FORK_TARGET_MS, VERDICT_TARGET_MS = 2.0, 5.0  # issue 56: + what the prefix touched; per sample at 64 concurrent
@@ -152,43 +150,6 @@ async def verdicts_over_http(url: str, server_pid: int, pivots: list[dict], pool
     )
 
 
-def prompt_key(messages: list[dict]) -> str:
-    return hashlib.sha256(json.dumps(messages, sort_keys=True).encode()).hexdigest()
-
-
-class ScriptedEndpoint:
-    """An OpenAI-compatible chat endpoint answering each prompt from its schedule, in turn."""
-
-    def __init__(self, schedules: dict[str, list[dict]]):
-        served: dict[str, int] = {}
-        lock = threading.Lock()
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_POST(self):  # noqa: N802
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                key = prompt_key(body["messages"])
-                with lock:
-                    count = served[key] = served.get(key, 0) + 1
-                schedule = schedules[key]
-                answer = json.dumps({"choices": [{"index": 0, "message": schedule[(count - 1) % len(schedule)],
-                                                  "finish_reason": "stop"}]}).encode()  # fmt: skip
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-
-
 def profiling(url: str, server_pid: int, candidates: list[dict], pool: dict, samples: int, work: Path) -> dict:
     from nemo_tau2.gym.model_server.conversion import chat_request
 
@@ -197,7 +158,7 @@ def profiling(url: str, server_pid: int, candidates: list[dict], pool: dict, sam
         pivot["pivot_id"] = f"{pivot['pivot_id']}-{index}"  # candidates beyond the gold pivots: copies, profiled anew
         messages = chat_request(pivot["responses_create_params"], with_token_ids=False)["messages"]
         schedules[prompt_key(messages)] = answers_for(pivot, pool)
-    endpoint = ScriptedEndpoint(schedules)
+    endpoint = ScheduledChat(schedules)
     profiler = Profiler(Endpoint(endpoint.url, "scripted"), url, ProfileSettings(samples=samples, concurrency=64))
     server, me = psutil.Process(server_pid), psutil.Process()
     server_before, me_before = sum(server.cpu_times()[:2]), sum(me.cpu_times()[:2])
@@ -205,7 +166,7 @@ def profiling(url: str, server_pid: int, candidates: list[dict], pool: dict, sam
     report = asyncio.run(profile_pivots(candidates, profiler, work / "profile.jsonl", work / "kept.jsonl"))
     wall = time.perf_counter() - started
     server_cpu, me_cpu = sum(server.cpu_times()[:2]) - server_before, sum(me.cpu_times()[:2]) - me_before
-    endpoint.server.shutdown()
+    endpoint.close()
     n = report.samples_run
     return {"candidates": len(candidates), "samples": n, "wall_s": wall, "samples_per_s": n / wall,
             "verifier_cpu_s_per_sample": server_cpu / n,  # the resources server: HTTP, JSON, fork, run, compare

@@ -96,20 +96,26 @@ class HttpTau2Session:
             raise response.failure(f"tool route /{name}")
         return response.text, response.headers.get(TOOL_ERROR_HEADER) == "1"
 
-    async def verify(self, state: EpisodeState) -> dict:
-        # The row's fields go back in the answer (NeMo-Gym's convention), except its collector's private keys
-        # (NeMo-RL's _rowidx, NeMo-Gym's _ng_*): the collector holds the row and stamps what it needs on the result,
-        # and NeMo-RL would log each number among them as a metric.
+    @staticmethod
+    def verify_body(state: EpisodeState) -> tuple[dict, dict]:
+        """A verify request for the episode, and its whole response object (token ids included).
+
+        The row's fields go back in the answer (NeMo-Gym's convention), except its collector's private keys
+        (NeMo-RL's _rowidx, NeMo-Gym's _ng_*): the collector holds the row and stamps what it needs on the result,
+        and NeMo-RL would log each number among them as a metric. The reward needs no token ids: the transcript is
+        verified without them (a fraction of the bytes), and the caller puts the full output back into the answer."""
         extras = {key: value for key, value in state.row.items() if key[:1] != "_"}
         del extras["responses_create_params"]
         response_object = final_response(state)
-        # The reward needs no token ids: verify the transcript without them (a fraction of the bytes), then put the
-        # full output back into the answer.
         body = extras | {
             "responses_create_params": state.row["responses_create_params"],
             "response": response_object | {"output": [without_token_ids(item) for item in state.outputs]},
-            "termination_reason": state.termination_reason,
         }
+        return body, response_object
+
+    async def verify(self, state: EpisodeState) -> dict:
+        body, response_object = self.verify_body(state)
+        body["termination_reason"] = state.termination_reason
         if state.tau2_version not in (None, "v0.2.1"):  # a release in its own worker scores tau2's own trajectory
             # (v0.2.1's live verdict reads the live episode: its body stays small, and a call the servers refused,
             # arguments nested past max_json_depth, stays a tool error instead of making /verify a 400)
@@ -127,13 +133,7 @@ class HttpTau2Session:
     async def verify_pivot(self, state: EpisodeState) -> dict:
         """The pivot turn's functional verdict; the answer in a scored episode's shape (``success``: reward 1, no
         tau2 reward components), with the policy's output (token ids included) as its ``response``."""
-        extras = {key: value for key, value in state.row.items() if key[:1] != "_"}
-        del extras["responses_create_params"]
-        response_object = final_response(state)
-        body = extras | {
-            "responses_create_params": state.row["responses_create_params"],
-            "response": response_object | {"output": [without_token_ids(item) for item in state.outputs]},
-        }
+        body, response_object = self.verify_body(state)
         state.resources_url = state.resources_url or self.router.route(state.request_key)
         response = await self._post(state, "/verify_pivot", body, "verifying the pivot turn")
         if response.status in (400, 404, 422):

@@ -10,11 +10,8 @@ is recorded as an error, never a score, and a rerun profiles only what it left; 
 refused with its reason.
 """
 
-import hashlib
 import importlib.util
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import orjson
@@ -23,6 +20,7 @@ import pytest
 from nemo_tau2.gym.model_server.conversion import chat_request
 from nemo_tau2.pivots.gold import gold_trajectory
 from nemo_tau2.tau2_env import domains
+from nemo_tau2.testing.scheduled_chat import ScheduledChat, prompt_key
 
 TASKS = [("airline", "7"), ("retail", "0")]
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
@@ -86,46 +84,8 @@ def write_sources(folder: Path) -> dict[str, Path]:
     return {"rollouts": rollouts, "conversations": conversations, **results}
 
 
-class ScriptedPolicy:
-    """An OpenAI-compatible chat endpoint answering each prompt from its schedule, in turn; ``down`` prompts 503."""
-
-    def __init__(self):
-        self.schedules: dict[str, list[dict]] = {}
-        self.served: dict[str, int] = {}
-        self.down: set[str] = set()
-        policy = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                key = fingerprint(body["messages"])
-                if key in policy.down or key not in policy.schedules:
-                    self.send_response(503 if key in policy.down else 400)
-                    self.end_headers()
-                    return
-                count = policy.served[key] = policy.served.get(key, 0) + 1
-                message = policy.schedules[key][(count - 1) % len(policy.schedules[key])]
-                answer = json.dumps({"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-
-
-def fingerprint(messages: list[dict]) -> str:
-    return hashlib.sha256(json.dumps(messages, sort_keys=True).encode()).hexdigest()
-
-
 def prompt_of(pivot: dict) -> str:
-    return fingerprint(chat_request(pivot["responses_create_params"], with_token_ids=False)["messages"])
+    return prompt_key(chat_request(pivot["responses_create_params"], with_token_ids=False)["messages"])
 
 
 def said(text: str) -> dict:
@@ -140,9 +100,8 @@ def called(action: dict, arguments: dict | None = None) -> dict:
 
 @pytest.fixture(scope="module")
 def policy():
-    scripted = ScriptedPolicy()
-    yield scripted
-    scripted.server.shutdown()
+    with ScheduledChat() as scripted:
+        yield scripted
 
 
 def test_pivots_from_three_sources_profiled_filtered_and_resumed(resources_server_url, policy, tmp_path, capsys):
