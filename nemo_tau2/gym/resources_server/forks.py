@@ -12,22 +12,27 @@
   objects. The answer lists ``fork_ids``; ``POST /adopt_fork`` ``{"fork_id"}`` makes the caller's cookie that
   fork's session (once per fork), whose tool calls and ``/verify`` then go on as any session's. The conversation so
   far is the caller's (a live parent's), or the answer's ``tau2_messages`` (a stored one's prefix).
+- A ``/fork`` with an ``Idempotency-Key`` runs once: a retry (same key, same bytes) gets the recorded answer, the same
+  fork ids; the same key on another request is a 409 (:mod:`.replay`).
 """
 
 import uuid
+from collections import OrderedDict
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, HTTPException, Request, Response
 from nemo_gym.server_utils import SESSION_ID_KEY
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from nemo_tau2.gym.resources_server.release import WorkerRelease
+from nemo_tau2.gym.resources_server.replay import RecordedAnswer, idempotency_key
 from nemo_tau2.gym.resources_server.rescoring import TrajectoryError, replay, replay_into, stored_row
 from nemo_tau2.gym.resources_server.sessions import TooManySessionsError
 from nemo_tau2.tau2_env import domains
 from nemo_tau2.tau2_release.client import Tau2RequestError, Tau2WorkerError
 
 MAX_FORKS = 64
+MAX_RECORDED_FORKS = 4096  # /fork answers kept for retries (the oldest dropped first)
 
 
 class ForkRequest(BaseModel):
@@ -96,12 +101,27 @@ class ForkRoutes:
         self.server = server
         self.row_model = row_model  # the server's seed request: what a stored episode's row must hold
         self.unadopted: set[str] = set()  # fork ids no cookie holds yet
+        self.recorded: OrderedDict[str, RecordedAnswer] = OrderedDict()  # /fork's answers by Idempotency-Key
 
     def add_to(self, app: FastAPI) -> None:
         app.post("/fork")(self.fork)
         app.post("/adopt_fork")(self.adopt_fork)
 
-    async def fork(self, request: Request) -> ForkResponse:
+    async def fork(self, request: Request) -> Response:
+        """The forks, once per ``Idempotency-Key``: a retried request gets the same fork ids (its recorded answer),
+        never a second set of episodes."""
+        key, raw = idempotency_key(request.headers), await request.body()
+        if key is not None and (recorded := self.recorded.get(key)) is not None:
+            return recorded.replay(key, "/fork", raw)
+        answer = await self._fork(request)
+        response = Response(content=answer.model_dump_json(), media_type="application/json")
+        if key is not None:
+            self.recorded[key] = RecordedAnswer.of("/fork", raw, response)
+            while len(self.recorded) > MAX_RECORDED_FORKS:
+                self.recorded.popitem(last=False)
+        return response
+
+    async def _fork(self, request: Request) -> ForkResponse:
         body = await body_as(request, ForkRequest)
         server, sessions = self.server, self.server._sessions
         session_id = request.session.get(SESSION_ID_KEY)

@@ -57,3 +57,18 @@ def test_bad_fork_requests_get_a_one_line_4xx(resources_server_url):
     assert again.status_code == 404 and "no unadopted live fork" in again.json()["detail"]
     unknown = requests.Session().post(f"{url}/adopt_fork", json={"fork": fork_id})
     assert unknown.status_code == 400 and "fork_id" in unknown.json()["detail"]
+
+
+def test_a_retried_fork_gets_the_same_forks_and_a_reused_key_is_a_409(resources_server_url):
+    """``/fork`` with an ``Idempotency-Key`` runs once: the retry's answer is the first one (the same fork ids, marked
+    as a replay), so a client retrying after a lost answer never leaves a second set of episodes behind."""
+    url, live = resources_server_url, seeded(resources_server_url, "airline", "7")
+    headers = {"Idempotency-Key": "fork-retry-1"}
+    first = live.post(f"{url}/fork", json={"n": 2}, headers=headers, timeout=60)
+    again = live.post(f"{url}/fork", json={"n": 2}, headers=headers, timeout=60)
+    assert first.status_code == again.status_code == 200, (first.text, again.text)
+    assert again.json()["fork_ids"] == first.json()["fork_ids"] and again.headers.get("X-Idempotent-Replay") == "1"
+    other = live.post(f"{url}/fork", json={"n": 3}, headers=headers, timeout=60)
+    assert other.status_code == 409 and "fork-retry-1" in other.json()["detail"], other.text
+    fresh = live.post(f"{url}/fork", json={"n": 2}, headers={"Idempotency-Key": "fork-retry-2"}, timeout=60)
+    assert set(fresh.json()["fork_ids"]).isdisjoint(first.json()["fork_ids"])
