@@ -32,6 +32,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--conversations", type=Path, action="append", default=[], help="SFT conversations JSONL")
     parser.add_argument("--output", type=Path, required=True, help="pivot candidates JSONL to write")
     parser.add_argument("--compact-rows", action="store_true", help="short system prompt, only gold tools (toys)")
+    parser.add_argument(
+        "--agent-name", default=None, help="agent_ref.name written into every row (default tau2_agent)"
+    )
     parser.add_argument("tau2", nargs="*", metavar="tau2.KEY=VALUE", help="the tau2 release (default v0.2.1)")
     args = parser.parse_args(argv)
     if not (args.rollouts or args.tau2_results or args.conversations):
@@ -58,7 +61,7 @@ def main(argv: list[str]) -> int:
                 trajectories += found
                 for reason, count in left.items():
                     skipped[reason] = skipped.get(reason, 0) + count
-        report = prepare_pivots(trajectories, args.tau2, args.output, compact=args.compact_rows)
+        report = prepare_pivots(trajectories, args.tau2, args.output, args.compact_rows, args.agent_name)
     except (SourceError, OSError, ValueError, Tau2WorkerError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

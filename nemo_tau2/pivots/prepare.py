@@ -61,9 +61,11 @@ def task_rows(tau2: Tau2ReleaseConfig, keys: set[tuple[str, str]], compact: bool
 
 
 def prepare_pivots(
-    trajectories: list[StoredTrajectory], tau2: Tau2ReleaseConfig, output: Path, compact: bool = False
-) -> PivotReport:
-    """Write every candidate of ``trajectories`` to ``output`` (whole or absent); what was written, and skipped."""
+    trajectories: list[StoredTrajectory], tau2: Tau2ReleaseConfig, output: Path, compact: bool = False,
+    agent_name: str | None = None,
+) -> PivotReport:  # fmt: skip
+    """Write every candidate of ``trajectories`` to ``output`` (whole or absent); what was written, and skipped.
+    ``agent_name``: the ``agent_ref`` every row names (default: the task rows' own, ``tau2_agent``)."""
     report = PivotReport(trajectories=len(trajectories))
     mine = []
     for trajectory in trajectories:
@@ -86,6 +88,8 @@ def prepare_pivots(
         split = TEST if trajectory.task_id in held_out.get(trajectory.domain, ()) else TRAIN
         for pivot in found:
             pivot["split"] = split
+            if agent_name is not None:
+                pivot["agent_ref"] = {"type": "responses_api_agents", "name": agent_name}
             report.pivots[trajectory.domain, pivot["expected_action"]["type"], split] += 1
             lines.append(orjson.dumps(pivot) + b"\n")
     output.parent.mkdir(parents=True, exist_ok=True)

@@ -112,6 +112,12 @@ def test_pivots_from_three_sources_profiled_filtered_and_resumed(resources_serve
                         sources["retail"]]}.items():  # fmt: skip
         outputs[name] = tmp_path / f"{name}.pivots.jsonl"
         assert prepare_pivots.main([*map(str, flags), "--output", str(outputs[name])]) == 0
+    named = tmp_path / "named.pivots.jsonl"
+    assert (
+        prepare_pivots.main(["--rollouts", str(sources["rollouts"]), "--output", str(named), "--agent-name", "mine"])
+        == 0
+    )
+    assert {orjson.loads(line)["agent_ref"]["name"] for line in named.read_bytes().splitlines()} == {"mine"}
     said_lines = capsys.readouterr().out
     assert "skipped 1: torn line" in said_lines and "skipped 2: not played to its end" in said_lines, said_lines
     read = {name: [orjson.loads(line) for line in path.read_bytes().splitlines()] for name, path in outputs.items()}
