@@ -89,6 +89,7 @@ SLOW_MODULES = frozenset(
         "tau2_release/test_export_v1.py",
         "tau2_release/test_gym_eval_v1.py",
         "tau2_release/test_stored_rollout_tools.py",  # NeMo-Gym 0.7.0's and tau2's CLIs on an eval (Ray, a server)
+        "tau2_release/test_tau2_submit_full.py",  # tau2's leaderboard tools on an eval of every base task
         "tau2_release/test_parity_v1.py",
         "tau2_release/test_banking_knowledge.py",
         "tau2_release/test_banking_dense.py",
@@ -112,6 +113,7 @@ EXTENDED_MODULES = frozenset(
         "test_peer_bench.py",  # the peer bench's quick run (NeMo-Gym 0.7.0's own tau2 agent beside ours): a benchmark
         "gym/test_nemo_rl_client_gym04.py",  # NeMo-RL's own Gym path on Gym 0.4.0 (CI runs it on its pinned Gym)
         "algorithms/test_pipeline.py",  # the shipped CPU pipeline chained (CI runs SFT, RFT and GRPO each)
+        "tau2_release/test_tau2_submit_full.py",  # tau2 submit on every base task (CI: on a seven-task eval)
     }
 )
 

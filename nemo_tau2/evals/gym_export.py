@@ -97,7 +97,9 @@ def ng_trajectory(record: dict[str, Any], task_index: int, transcripts_kept: boo
 
     One root invocation (the agent's ``/run``), one turn per policy turn with its one model call (the policy's), the
     calls' token counts from the token ids our transcript records. Where the eval kept no transcripts, the turns and
-    calls are declared unavailable (0.7.0's gaps: its checks then say unobserved, not unhealthy)."""
+    calls are declared unavailable, and where it recorded no token ids (``env.nemo_gym.return_token_ids`` false, the
+    eval's default) the calls' capture incomplete: 0.7.0's gaps, for which its checks say unobserved, not
+    unhealthy."""
     rollout_id = f"{task_index}-{record['sample_index']}"
     invocation_id = f"{rollout_id}:run"
     transcript = [item for item in record.get("transcript") or [] if isinstance(item, dict)]
@@ -144,6 +146,8 @@ def ng_trajectory(record: dict[str, Any], task_index: int, transcripts_kept: boo
         if item.get("type") == "function_call" and item.get("call_id")
     ]
     gaps = [] if transcripts_kept else [{"code": "turns_unavailable"}, {"code": "model_calls_unavailable"}]
+    if any(not call["token_stats"] for call in calls):  # an eval without token ids (return_token_ids false)
+        gaps.append({"code": "model_call_capture_incomplete", "detail": "token counts not recorded per call"})
     return {
         "schema_version": "1.0",
         "task_id": str(record["task_id"]),

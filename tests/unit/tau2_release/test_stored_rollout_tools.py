@@ -3,7 +3,7 @@
 fails on one retail NL task), after ``examples/export_rollouts.py``, each typed as docs/eval.md types it:
 
 - ``gym eval health-check``: clean on the eval; on a copy with faults (a line written twice, a torn line, a line
-  without its transcript) it names exactly those episodes;
+  without its transcript) it names exactly those episodes; on a copy without token ids, nothing unhealthy;
 - ``gym eval reverify`` of the exported rollouts, against the eval's own resources server (its release, its judge),
   gives every episode the reward the eval gave it; the ATIF v1.7 files are valid for 0.7.0's own ATIF model and its
   manifest loader (its reverify from ATIF refuses any conversation with a later user turn: docs/eval.md);
@@ -19,73 +19,23 @@ The NeMo-Gym CLI starts our resources server from a prepared virtualenv (its own
 
 import ast
 import json
-import os
 import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from nemo_tau2.testing import start_fake_server
-from tests.env_python import environment_python
-from tests.tau2_v1_env import tau2_v1_python
-from tests.unit.tau2_release.stored_eval import FAULTY_NL_TASK, run_stored_eval
+from tests.unit.tau2_release.stored_eval import FAULTY_NL_TASK, finish, gym07, run_stored_eval, start, tau2_cli
 
 ROOT = Path(__file__).resolve().parents[3]
 TORN = b'{"domain": "airline", "task_id": "5", "sam'
 
 
-def _gym07() -> Path:
-    return Path(environment_python("NEMO_TAU2_GYM07_PYTHON", "gym07", "NeMo-Gym 0.7.0 (Python 3.13)"))
-
-
-def _tau2_cli() -> Path:
-    return Path(tau2_v1_python()).parent / "tau2"
-
-
-def _environment(**extra: str) -> dict[str, str]:
-    return os.environ | {"PYTHONPATH": str(ROOT), "LITELLM_LOCAL_MODEL_COST_MAP": "True"} | extra
-
-
-def _start(command: list, cwd: Path = ROOT, stdin: str | None = None, **env: str) -> subprocess.Popen:
-    """Start a command, its output into a file (a pipe would be held open by what it leaves running: Ray's
-    daemons outlive ``gym eval reverify`` by a moment)."""
-    handle, log = tempfile.mkstemp(prefix="stored_rollout_tools.", suffix=".log")
-    with os.fdopen(handle, "w") as output:  # the child keeps its own copy of the descriptor
-        process = subprocess.Popen(
-            [str(part) for part in command],
-            cwd=cwd,
-            env=_environment(**env),
-            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-    process.log = Path(log)  # type: ignore[attr-defined]
-    return process
-
-
-def _finish(process: subprocess.Popen, stdin: str | None = None, ok: bool = True) -> str:
-    """Wait for a command started by :func:`_start`; its output (asserting exit 0 unless ``ok`` is false)."""
-    if stdin is not None:
-        process.stdin.write(stdin)
-        process.stdin.close()
-    try:
-        process.wait(timeout=600)
-    finally:
-        process.kill()
-    output = process.log.read_text(errors="replace")
-    process.log.unlink()
-    if ok:
-        assert process.returncode == 0, f"{process.args}:\n{output[-6000:]}"
-    return output
-
-
 def _export(folder: Path) -> str:
-    return _finish(_start([sys.executable, "examples/export_rollouts.py", folder]))
+    return finish(start([sys.executable, "examples/export_rollouts.py", folder]))
 
 
 def _lines(path: Path) -> list[dict]:
@@ -116,7 +66,7 @@ def _ours(save: Path) -> dict[tuple[int, int], dict]:
 
 
 def _health_check(folder: Path) -> subprocess.Popen:
-    return _start([_gym07().parent / "gym", "eval", "health-check", folder / "nemo_gym", "--workers", "1", "--json"])
+    return start([gym07().parent / "gym", "eval", "health-check", folder / "nemo_gym", "--workers", "1", "--json"])
 
 
 def test_gym_health_check_is_clean_on_our_eval_and_names_each_broken_episode(stored, tmp_path):
@@ -128,11 +78,22 @@ def test_gym_health_check_is_clean_on_our_eval_and_names_each_broken_episode(sto
     lines[scored[1]] = (json.dumps({k: v for k, v in stripped.items() if k != "transcript"}) + "\n").encode()
     (bad / "rollouts.jsonl").write_bytes(b"".join(lines) + lines[scored[0]] + TORN + b"\n")
     assert "1 line(s) not JSON copied as they are" in _export(bad)
-    clean, faulty = _health_check(stored), _health_check(bad)  # the two at once (CI time)
-    summary = json.loads(_finish(clean).strip().splitlines()[-1])
+    # an eval run without token ids (the eval's default): no call's token counts, which 0.7.0 must not call unhealthy
+    idless = shutil.copytree(stored, tmp_path / "idless", ignore=shutil.ignore_patterns("nemo_gym", "atif"))
+    unmarked = [{k: v for k, v in r.items() if k != "transcript"} | {"transcript": [
+        {k: v for k, v in item.items() if k not in ("prompt_token_ids", "generation_token_ids")}
+        for item in r.get("transcript") or []
+    ]} for r in records]  # fmt: skip
+    (idless / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in unmarked))
+    _export(idless)
+    clean, faulty, unknown = _health_check(stored), _health_check(bad), _health_check(idless)  # at once (CI time)
+    summary = json.loads(finish(clean).strip().splitlines()[-1])
     assert summary["run"]["verdicts"] == {"healthy": len(scored), "unhealthy": 0, "unobserved": 0}
     assert not any(summary["run"]["issues"].values()) and summary["run"]["artifacts"]["captures"] == len(scored)
-    _finish(faulty)
+    summary = json.loads(finish(unknown).strip().splitlines()[-1])
+    assert summary["run"]["verdicts"] == {"healthy": 0, "unhealthy": 0, "unobserved": len(scored)}
+    assert not any(summary["run"]["issues"].values())
+    finish(faulty)
     ours = _ours(bad)
     findings: dict[str, set] = {}
     for verdict in _lines(bad / "nemo_gym" / "rollout_verdicts.jsonl"):
@@ -150,15 +111,15 @@ def test_gym_health_check_is_clean_on_our_eval_and_names_each_broken_episode(sto
 
 def test_gym_eval_reverify_gives_every_episode_its_reward_and_the_atif_is_valid(stored, tmp_path):
     gym = stored / "nemo_gym"
-    reverify = _start(_reverify(gym, tmp_path, gym / "reverified.jsonl"))
-    atif = _start([_gym07(), "-c", ATIF_CHECK, stored / "atif"])  # 0.7.0's ATIF model and manifest loader
-    checked = json.loads(_finish(atif).strip().splitlines()[-1])
+    reverify = start(_reverify(gym, tmp_path, gym / "reverified.jsonl"))
+    atif = start([gym07(), "-c", ATIF_CHECK, stored / "atif"])  # 0.7.0's ATIF model and manifest loader
+    checked = json.loads(finish(atif).strip().splitlines()[-1])
     ours = _ours(stored)
     scored = {key: r for key, r in ours.items() if r["status"] == "ok"}
     assert checked["trajectories"] == len(scored)
     assert checked["domains"] == ["airline", "banking_knowledge", "retail", "telecom"]
     assert checked["banking_retrieval"] == ["bm25_grep"] and checked["multi_turn_refused"] == len(scored)
-    _finish(reverify)
+    finish(reverify)
     again = {(r["_ng_task_index"], r["_ng_rollout_index"]): r for r in _lines(gym / "reverified.jsonl")}
     assert {key: r["reward"] for key, r in again.items()} == {key: r["reward"] for key, r in scored.items()}
     assert {key: (r["domain"], r["task_id"]) for key, r in again.items()} == {
@@ -172,26 +133,26 @@ def test_tau2_evaluate_trajs_and_submit_accept_our_tau2_results(stored, judge, w
     # a leaderboard submission of them, prepared (tau2's prompts answered: its defaults, and an email) while they
     # are re-scored; tau2 writes its caches into the working folder, so each runs in this test's
     answers = "\n".join(["", "", "", "", "me@example.com", *[""] * 16]) + "\n"
-    prepare = [_tau2_cli(), "submit", "prepare", stored / "tau2_results", "-o", tmp_path / "submission", "--no-verify"]
-    prepared = _start(prepare, cwd=tmp_path, stdin=answers)
+    prepare = [tau2_cli(), "submit", "prepare", stored / "tau2_results", "-o", tmp_path / "submission", "--no-verify"]
+    prepared = start(prepare, cwd=tmp_path, stdin=answers)
     # tau2's NL judge (its default model, through litellm) and banking_knowledge's environment (tau2 builds its
     # default variant, alltools, whatever the run's: the 698 documents embedded) reach OPENAI_BASE_URL: the scripted
     # judge, and the fake server's embeddings
     with start_fake_server() as embedder:
-        evaluate = [_tau2_cli(), "evaluate-trajs"]
-        judged = _start(
+        evaluate = [tau2_cli(), "evaluate-trajs"]
+        judged = start(
             [*evaluate, *(files[d] for d in ("airline", "retail", "telecom")), "-o", tmp_path / "updated"],
             cwd=tmp_path, OPENAI_BASE_URL=judge.base_url, OPENAI_API_KEY="scripted",
         )  # fmt: skip
-        embedded = _start(
+        embedded = start(
             [*evaluate, files["banking_knowledge"], "-o", tmp_path / "updated"],
             cwd=tmp_path, OPENAI_BASE_URL=embedder.base_url, OPENAI_API_KEY="scripted",
         )  # fmt: skip
-        _finish(prepared, stdin=answers)
+        finish(prepared, stdin=answers)
         (submission,) = (tmp_path / "submission").iterdir()
-        validate = _start([_tau2_cli(), "submit", "validate", submission], cwd=tmp_path, COLUMNS="100000")
+        validate = start([tau2_cli(), "submit", "validate", submission], cwd=tmp_path, COLUMNS="100000")
         for process in (judged, embedded):
-            assert "All files processed successfully" in _finish(process)
+            assert "All files processed successfully" in finish(process)
     ours = {(r["domain"], r["task_id"]): r for r in _lines(stored / "rollouts.jsonl") if r["status"] == "ok"}
     rescored = {}
     for path in (tmp_path / "updated").glob("updated_*.json"):
@@ -199,7 +160,7 @@ def test_tau2_evaluate_trajs_and_submit_accept_our_tau2_results(stored, judge, w
         domain = results["info"]["environment_info"]["domain_name"]
         rescored |= {(domain, s["task_id"]): s["reward_info"]["reward"] for s in results["simulations"]}
     assert rescored == {key: r["reward"] for key, r in ours.items()}
-    output = _finish(validate, ok=False)  # COLUMNS: no wrapped lines
+    output = finish(validate, ok=False)  # COLUMNS: no wrapped lines
     assert "Submission data loaded successfully" in output and output.count("✅ Format validation") == 4
     assert output.count("✅ Trial count validation") == 4 and "Extra tasks" not in output and "mismatch" not in output
     # what it refuses: a submission needs every base task, and it names exactly those this eval did not run
@@ -214,27 +175,11 @@ def test_tau2_evaluate_trajs_and_submit_accept_our_tau2_results(stored, judge, w
 
 
 @pytest.mark.extended
-@pytest.mark.timeout(1800)
-def test_tau2_submit_prepare_and_validate_accept_an_eval_of_every_base_task(judge, release_tasks, tmp_path):
-    """The whole base split of the four domains (375 episodes, ~330 s on 2 cores): tau2's leaderboard checks pass,
-    the tasks' definitions included (each compared with the release's own by hash)."""
-    run_stored_eval(tmp_path / "eval", judge, release_tasks, task_ids=None, faulty_judge=False)
-    answers = "\n".join(["", "", "", "", "me@example.com", *[""] * 16]) + "\n"
-    prepare = [_tau2_cli(), "submit", "prepare", tmp_path / "eval" / "tau2_results", "-o", tmp_path / "submission"]
-    prepared = _finish(_start(prepare, cwd=tmp_path, stdin=answers), stdin=answers)
-    assert "All trajectories passed verification" in prepared and "Submission prepared successfully" in prepared
-    (submission,) = (tmp_path / "submission").iterdir()
-    validated = _finish(_start([_tau2_cli(), "submit", "validate", submission], cwd=tmp_path))
-    assert validated.count("✅ Tasks validation") == 4 and "❌" not in validated
-    assert "Submission validation successful" in validated and "Submission metrics validation successful" in validated
-
-
-@pytest.mark.extended
 def test_gym_eval_reverify_judge_failed_only_recovers_the_judge_failed_episode(stored, worker, tmp_path):
     gym = stored / "nemo_gym"
     failed = [(key, r) for key, r in _ours(stored).items() if r["status"] != "ok"]
     assert [r["task_id"] for _, r in failed] == [FAULTY_NL_TASK]
-    _finish(_start(_reverify(gym, tmp_path, gym / "recovered.jsonl", "--judge-failed-only")))
+    finish(start(_reverify(gym, tmp_path, gym / "recovered.jsonl", "--judge-failed-only")))
     recovered = {(r["_ng_task_index"], r["_ng_rollout_index"]): r for r in _lines(gym / "recovered.jsonl")}
     key, record = failed[0]
     played = record["unscored_episode"]
@@ -250,9 +195,9 @@ def _reverify(gym: Path, tmp_path: Path, output: Path, *flags: str) -> list:
     venvs = tmp_path / "venvs" / "resources_servers" / "tau2"
     venvs.mkdir(parents=True, exist_ok=True)
     if not (venvs / ".venv").exists():
-        (venvs / ".venv").symlink_to(_gym07().parent.parent)
+        (venvs / ".venv").symlink_to(gym07().parent.parent)
     return [
-        _gym07().parent / "gym", "eval", "reverify", *flags, "--config", gym / "resources_server.yaml",
+        gym07().parent / "gym", "eval", "reverify", *flags, "--config", gym / "resources_server.yaml",
         "--inputs", gym / "rollouts_materialized_inputs.jsonl", "--rollouts", gym / "rollouts.jsonl",
         "--output", output, "--disable-aggregation",
         f"+uv_venv_dir={tmp_path / 'venvs'}", "+skip_venv_if_present=true",
