@@ -216,8 +216,8 @@ def task_input(record: dict[str, Any], task_index: int, system_prompt: str | Non
     }
 
 
-def _rollout_row(record: dict[str, Any], task_index: int, transcripts_kept: bool) -> dict[str, Any]:
-    trajectory = ng_trajectory(record, task_index, transcripts_kept)
+def _identity(record: dict[str, Any], task_index: int) -> dict[str, Any]:
+    """What names an episode in NeMo-Gym's layout (its task and rollout indices) and in ours."""
     return {
         "_ng_task_index": task_index,
         "_ng_rollout_index": int(record["sample_index"]),
@@ -225,6 +225,12 @@ def _rollout_row(record: dict[str, Any], task_index: int, transcripts_kept: bool
         "domain": record["domain"],
         "task_id": str(record["task_id"]),
         "sample_index": int(record["sample_index"]),
+    }
+
+
+def _rollout_row(record: dict[str, Any], task_index: int, transcripts_kept: bool) -> dict[str, Any]:
+    trajectory = ng_trajectory(record, task_index, transcripts_kept)
+    return _identity(record, task_index) | {
         "tau2_version": record.get("tau2_version"),
         "reward": record.get("reward"),
         "success": record.get("success"),
@@ -237,13 +243,7 @@ def _rollout_row(record: dict[str, Any], task_index: int, transcripts_kept: bool
 def _failure_row(record: dict[str, Any], task_index: int) -> dict[str, Any]:
     played = record.get("unscored_episode") or {}
     judged = bool(played) and "judge" in str(record.get("error") or "")
-    row = {
-        "_ng_task_index": task_index,
-        "_ng_rollout_index": int(record["sample_index"]),
-        "agent_ref": AGENT_REF,
-        "domain": record["domain"],
-        "task_id": str(record["task_id"]),
-        "sample_index": int(record["sample_index"]),
+    row = _identity(record, task_index) | {
         "_ng_failure_class": JUDGE_FAILED if judged else REQUEST_FAILED,
         "_ng_failure_terminal": False,
         "_ng_failure_message": record.get("cause") or record.get("error"),
