@@ -23,19 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from nemo_tau2.evals.gym_export import AGENT_REF, GYM_DIR, policy_turns, scored_episodes
+from nemo_tau2.gym.resources_server.in_process import message_text
 
 ATIF_DIR = "atif"
 MANIFEST = "manifest.jsonl"
 SCHEMA_VERSION = "ATIF-v1.7"
-
-
-def _text(content: Any) -> str:
-    """A Responses message's text (a string, or its parts' texts joined)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(part.get("text") or "" for part in content if isinstance(part, dict))
-    return ""
 
 
 def _arguments(call: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -53,7 +45,7 @@ def _agent_step(turn: list[dict[str, Any]], outputs: list[dict[str, Any]], model
     calls = [item for item in turn if item.get("type") == "function_call"]
     step: dict[str, Any] = {
         "source": "agent",
-        "message": "".join(_text(item.get("content")) for item in turn if item.get("type") == "message"),
+        "message": "".join(message_text(item.get("content")) for item in turn if item.get("type") == "message"),
         "model_name": model,
         "llm_call_count": 1,
     }
@@ -68,7 +60,7 @@ def _agent_step(turn: list[dict[str, Any]], outputs: list[dict[str, Any]], model
         called = {call["call_id"] for call in calls}
         step["observation"] = {
             "results": [
-                {"source_call_id": out["call_id"], "content": _text(out.get("output"))}
+                {"source_call_id": out["call_id"], "content": message_text(out.get("output"))}
                 for out in outputs
                 if out.get("call_id") in called
             ]
@@ -108,7 +100,7 @@ def atif_trajectory(
             steps.append(_agent_step(turn, outputs, model))
             continue
         if item.get("type") == "message" and item.get("role") == "user":
-            steps.append({"source": "user", "message": _text(item.get("content"))})
+            steps.append({"source": "user", "message": message_text(item.get("content"))})
         index += 1
     for number, step in enumerate(steps, start=1):
         step["step_id"] = number

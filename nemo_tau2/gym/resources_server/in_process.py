@@ -16,7 +16,8 @@ from nemo_tau2.tau2_env.reward import evaluate_episode
 ASSUMED_TERMINATION = "agent_stop"
 
 
-def _text_of(content: Any) -> str:
+def message_text(content: Any) -> str:
+    """A Responses message's text (a string, or its parts' texts joined)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -29,7 +30,7 @@ def assistant_texts(items: list[Any]) -> list[str]:
     texts = []
     for item in items:
         if isinstance(item, dict) and item.get("role") == "assistant" and item.get("type", "message") == "message":
-            text = _text_of(item.get("content"))
+            text = message_text(item.get("content"))
             if text.strip():
                 texts.append(text)
     return texts
