@@ -186,7 +186,10 @@ class RayGeneration:
         self._group: Any = None
         self._watcher: threading.Thread | None = None
         self.run_id = uuid.uuid4().hex
-        self._renewer = LeaseRenewer(cluster.lease_timeout_s, lambda: [r["actor"] for r in self.replicas if r])
+        self._starting: list[Any] = []  # the replicas' actors while they start: each holds its lease once up
+        self._renewer = LeaseRenewer(
+            cluster.lease_timeout_s, lambda: [r["actor"] for r in self.replicas if r] or list(self._starting)
+        )
 
     def start(self) -> "RayGeneration":
         ray = self._ray = self._ray_stack.enter_context(ray_connection(self.cluster))
@@ -202,19 +205,22 @@ class RayGeneration:
                     f"{timeout:g} s; free GPUs, add nodes offering cluster.generation_node_resource, or lower the "
                     "replica count"
                 ) from None
-            actors = [self._actor(index, port=None) for index in range(self.count)]
+            actors = self._starting = [self._actor(index, port=None) for index in range(self.count)]
+            # renewed from now on: a replica up first holds its lease while the others still start (minutes for
+            # an engine), which would otherwise run out before the first renewal
+            self._renewer.start()
             reports = self._reports(actors, timeout)
             for index, (actor, report) in enumerate(zip(actors, reports, strict=True)):
                 self.replicas.append({"actor": actor, "restarts": 0} | report)
                 self.base_urls.append(report["base_url"])
                 node, url = report["node_id"][:12], report["base_url"]
                 logger.info("generation replica %d on node %s at %s", index, node, url)
+            self._starting = []
         except BaseException:
             self.stop()
             raise
         self._watcher = threading.Thread(target=self._watch, name="nemo-tau2-generation-watch", daemon=True)
         self._watcher.start()
-        self._renewer.start()
         return self
 
     def _startup_timeout_s(self) -> float:

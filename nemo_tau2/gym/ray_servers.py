@@ -155,6 +155,9 @@ class RayGymServers(GymServers):
         ray = import_ray()
         try:
             self._ray = self._ray_stack.enter_context(ray_connection(self.cluster))
+            # renewing from the first launcher on: each holds its node's lease from its start, and a start that
+            # outlasts cluster.lease_timeout_s (many servers, a loaded box) had its launchers end themselves
+            self._renewer = LeaseRenewer(self.cluster.lease_timeout_s, lambda: list(self.launchers.values())).start()
             nodes = self._place()
             for node_id in sorted(set(nodes.values())):
                 self.launchers[node_id] = self._launcher(node_id)
@@ -196,7 +199,6 @@ class RayGymServers(GymServers):
             "%d Gym servers up on %d Ray nodes in %.1f s", len(self.specs), len(self.launchers), self.startup_s
         )
         self.watch = GymServerWatch(self).start()
-        self._renewer = LeaseRenewer(self.cluster.lease_timeout_s, lambda: self.launchers.values()).start()
         return self
 
     def _launcher(self, node_id: str) -> Any:

@@ -452,6 +452,30 @@ def test_a_lost_node_fails_only_the_episodes_it_held_and_leaves_no_process(clust
         _assert_free(url)
 
 
+def test_a_start_longer_than_the_lease_keeps_its_servers(cluster, tmp_path):
+    """Each launcher holds its node's lease from its own start, so the head renews from the first launcher on: a
+    start that outlasts ``lease_timeout_s`` (many servers, a loaded box: 36 s against the 25 s above, beside
+    NeMo-RL's runs) had its launchers end themselves before their servers were up. Here the lease (1.5 s) is shorter
+    than any start."""
+    spec = ServerSpec(RESOURCES_SERVER, "resources_servers", "tau2", RESOURCES_SERVER_CLASS, {"domain": "agent"})
+    lease_s = 1.5
+    config = ClusterConfig(
+        ray_address=cluster[0].address, gym_placement="ray", gym_node_resource=GYM, lease_timeout_s=lease_s,
+        gym_health_failures=1, gym_health_interval_s=0.25, gym_health_timeout_s=0.5,
+    )  # fmt: skip
+    began = time.monotonic()
+    with RayGymServers([ServerGroup("resources", [spec])], config, log_dir=tmp_path) as servers:
+        assert time.monotonic() - began > lease_s  # the start outlasted the lease
+        time.sleep(3 * lease_s)  # renewed all along
+        assert all(_alive(pid) for pid in servers.process_ids())
+        assert requests.get(servers.url(spec.name) + "/", timeout=10).ok
+        pids = servers.process_ids()
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in pids)
+
+
 HEAD_RUN = """
 import json, sys, time
 from nemo_tau2.cluster import ClusterConfig
