@@ -124,14 +124,35 @@ VLLM_MODULES = frozenset({"generation/test_vllm_live.py", "evals/test_eval_vllm.
 
 # Packages whose conftest starts something expensive once for all their modules (package- or session-scoped): one
 # xdist group each, so it starts once, not once per worker; and its modules never run beside each other (the shell
-# tests count every sandbox process on the machine: run on both workers at once, each saw the other's). The
-# tau2_release group is the suite's longest (~40 min of one worker), so the longest-first order sends it out first.
+# tests count every sandbox process on the machine: run on both workers at once, each saw the other's). tau2_release
+# is split in two groups (TAU2_RELEASE_SCORING below), the longest of the suite; the longest-first order sends them
+# out first.
 SHARED_FIXTURE_PACKAGES = (
     "tau2_release/",  # tau2 v1.0.1's worker, the scripted judge and the two shell workers (~35 s to start)
     "models/megatron/",  # the spawned one- and two-process Megatron runs
     "report/",  # a pair of evaluations through examples/run_eval.py
     "env_api/",  # the Gym stack and user strategies behind the env API
     "gym/agent/",  # the agent's Gym stack
+)
+
+# tau2_release's modules that never start its shell workers (the package's `writable` and `read_only`): a second
+# group, so that the package (~70 worker-min on a loaded 2-core box, 2026-12-02) no longer holds one worker for the
+# whole run while the other waits. Its worker and judge start once more, on the other xdist worker (~35 s). The shell
+# modules stay together in the first: their checks count every sandbox process on the machine.
+TAU2_RELEASE_SCORING = frozenset(
+    {
+        "tau2_release/test_parity_v1.py",
+        "tau2_release/test_stored_rollout_tools.py",
+        "tau2_release/test_tau2_submit_full.py",
+        "tau2_release/test_gym_eval_v1.py",
+        "tau2_release/test_env_api_v1.py",
+        "tau2_release/test_data_tools_v1.py",
+        "tau2_release/test_export_v1.py",
+        "tau2_release/test_resources_server_v1.py",
+        "tau2_release/test_worker_snapshots.py",
+        "tau2_release/test_release_config.py",
+        "tau2_release/test_judge_faults.py",
+    }
 )
 
 # The extras `scripts/setup.sh` installs, which some tests need: missing, the session stops at once naming the fix
@@ -162,7 +183,9 @@ def pytest_configure(config):
         raise pytest.UsageError(f"the project's environment lacks the extras {missing}: run scripts/setup.sh project")
     # a renamed module would otherwise drop out of the list silently, and into the fast loop
     missing = sorted(
-        module for module in SLOW_MODULES | VLLM_MODULES | EXTENDED_MODULES if not (UNIT / module).is_file()
+        module
+        for module in SLOW_MODULES | VLLM_MODULES | EXTENDED_MODULES | TAU2_RELEASE_SCORING
+        if not (UNIT / module).is_file()
     )
     if missing:
         raise pytest.UsageError(f"tests/conftest.py's module lists name modules that do not exist: {missing}")
@@ -220,6 +243,8 @@ def xdist_group(path: str) -> str:
     module = path.removeprefix("tests/unit/")
     if module in VLLM_MODULES:
         return "vllm"
+    if module in TAU2_RELEASE_SCORING:
+        return "tau2_release/scoring"
     return next((package for package in SHARED_FIXTURE_PACKAGES if module.startswith(package)), module)
 
 

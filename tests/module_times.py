@@ -92,10 +92,24 @@ class ModuleClock:
         self.path.unlink(missing_ok=True)  # a session that runs nothing leaves no times behind, not the last ones
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.failed:
+            self._say_failed(report)
         module = module_of(report.nodeid)
         self.seconds[module] = self.seconds.get(module, 0.0) + report.duration
         if time.monotonic() - self.written > PARTIAL_EVERY_S:  # a session killed midway leaves its times so far
             self._write(finished=None)
+
+    def _say_failed(self, report: pytest.TestReport) -> None:
+        """A failure's line at once, not only in the summary: a run CI kills at its limit never prints the summary,
+        and its log then named no failed test (stop 60: three Fs, no names)."""
+        terminal = self.config.pluginmanager.get_plugin("terminalreporter")
+        if terminal is None:
+            return
+        crash = getattr(report.longrepr, "reprcrash", None)  # the assertion or exception, where pytest has one
+        lines = [line.strip() for line in report.longreprtext.splitlines() if line.strip()]
+        reason = (crash.message if crash is not None else lines[-1] if lines else "").replace("\n", " ")[:300]
+        terminal.write_line("")
+        terminal.write_line(f"FAILED {report.nodeid} ({report.when}, {report.duration:.0f} s): {reason}", red=True)
 
     def _write(self, finished: float | None) -> list[dict]:
         records = [
