@@ -9,6 +9,7 @@ import urllib.error
 import urllib.request
 
 from nemo_tau2.generation.prefix import REQUIRED_PREFIX_FIELD, TOKEN_FIELDS
+from nemo_tau2.testing.local_http import LocalHTTPServer
 
 
 class ReplicaProxy:
@@ -49,7 +50,7 @@ class ReplicaProxy:
             def log_message(self, *args) -> None:
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = LocalHTTPServer(Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
 

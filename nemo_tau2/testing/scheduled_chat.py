@@ -9,8 +9,10 @@ endpoint outage), a prompt with no schedule a 400. ``served`` counts the answers
 import hashlib
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from nemo_tau2.testing.local_http import LocalHTTPServer
 
 
 def prompt_key(messages: list[dict[str, Any]]) -> str:
@@ -26,7 +28,7 @@ class ScheduledChat:
         self.served: dict[str, int] = {}
         self.down: set[str] = set()
         self._lock = threading.Lock()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server = LocalHTTPServer(self._handler())
         self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"

@@ -15,7 +15,9 @@ import ast
 import json
 import re
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from nemo_tau2.testing.local_http import LocalHTTPServer
 
 DEFAULT_FAIL_MARKER = "could not help"
 
@@ -99,7 +101,7 @@ class ScriptedJudge:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = LocalHTTPServer(Handler)
         self.base_url = f"http://127.0.0.1:{self._server.server_address[1]}/v1"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()

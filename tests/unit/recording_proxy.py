@@ -6,6 +6,8 @@ import json
 import threading
 import urllib.request
 
+from nemo_tau2.testing.local_http import LocalHTTPServer
+
 
 class RecordingProxy(http.server.BaseHTTPRequestHandler):
     """Forwards to ``upstream`` and records ``(path, Authorization header, body or None)`` per request."""
@@ -16,7 +18,7 @@ class RecordingProxy(http.server.BaseHTTPRequestHandler):
     @classmethod
     def start(cls, upstream: str) -> "_Running":
         cls.upstream, cls.seen = upstream, []
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), cls)
+        server = LocalHTTPServer(cls)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         return _Running(server)
 
@@ -42,7 +44,7 @@ class RecordingProxy(http.server.BaseHTTPRequestHandler):
 
 
 class _Running:
-    def __init__(self, server: http.server.ThreadingHTTPServer):
+    def __init__(self, server: LocalHTTPServer):
         self.server = server
         self.base_url = f"http://127.0.0.1:{server.server_address[1]}/v1"
 
