@@ -115,6 +115,10 @@ def _run(config_path: str, policy_base_url: str, overrides: list[str], actors: d
     started = time.monotonic()
     key = json.dumps([config.env["nemo_gym"], policy_base_url, config.policy["model_name"]], sort_keys=True)
     if key not in actors:
+        for previous in actors.values():  # one Gym stack at a time: an idle one's servers still took CPU
+            ray.get(previous.shutdown.remote())
+            ray.kill(previous)
+        actors.clear()
         actors[key] = spinup_nemo_gym_actor(
             config.env,
             [policy_base_url],
