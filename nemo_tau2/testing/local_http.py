@@ -4,7 +4,8 @@ The standard library's ``ThreadingHTTPServer`` listens with a backlog of 5. tau2
 search's documents from a thread pool, and several tau2 reference runs may rate at once; on a loaded box the
 accepting thread falls behind, connections past the backlog wait on SYN retransmits (1 s, 3 s, ...), and the
 OpenAI client's 5 s connect timeout then fails them. tau2 drops a document whose rating failed without a word, so a
-reference run scored a different search than ours (stop 61's CI run: ``test_banking_dense``'s reranker variant).
+reference run scored a different search than ours (``test_banking_dense``'s reranker variant, in a full run of stop
+61's session).
 """
 
 from http.server import ThreadingHTTPServer

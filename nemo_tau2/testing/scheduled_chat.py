@@ -29,7 +29,6 @@ class ScheduledChat:
         self.down: set[str] = set()
         self._lock = threading.Lock()
         self.server = LocalHTTPServer(self._handler())
-        self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
 
