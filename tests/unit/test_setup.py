@@ -33,7 +33,9 @@ def test_setup_refuses_bad_arguments_in_one_line(arguments):
 
 
 CI_RUN = env_python.ROOT / ".ci" / "run"
-CI_TEST_COMMAND = "uv run pytest tests/unit || status=$?"
+# The README's test command, interrupted (SIGINT, so pytest still prints its summary) at 85 minutes from the start.
+README_TEST_COMMAND = "uv run pytest tests/unit"
+CI_TEST_COMMAND = f'timeout --signal=INT --kill-after=120 "$((5100 - SECONDS))" {README_TEST_COMMAND} || status=$?'
 CI_PRINTS_TIMES = "uv run python -m tests.module_times || true"
 
 
@@ -53,6 +55,20 @@ def test_ci_exits_with_pytests_status_after_printing_the_times(tmp_path, pytest_
     tail = tail.replace(CI_TEST_COMMAND, f"(exit {pytest_status}) || status=$?").replace(CI_PRINTS_TIMES, "echo times")
     result = subprocess.run(["bash", "-c", f"set -euo pipefail\n{tail}"], capture_output=True, text=True)
     assert (result.returncode, result.stdout) == (pytest_status, "times\n")
+
+
+def test_ci_interrupts_a_run_near_its_limit_and_still_prints_the_times():
+    """A run reaching 85 minutes gets SIGINT (pytest's own Ctrl-C: it prints its summary), the module times print, and
+    CI exits 124 (timeout's: ran out of time), never green. The clock is started near the limit; a stand-in waits for SIGINT."""
+    tail = CI_RUN.read_text().split("scripts/setup.sh\n", 1)[1]
+    assert README_TEST_COMMAND in tail
+    stand_in = "bash -c 'trap \"echo interrupted; exit 2\" INT; sleep 60 >/dev/null 2>&1 & wait'"
+    tail = tail.replace(README_TEST_COMMAND, stand_in).replace(CI_PRINTS_TIMES, "echo times")
+    started = time.monotonic()
+    result = subprocess.run(["bash", "-c", f"set -euo pipefail\nSECONDS=5099\n{tail}"], capture_output=True,
+                            text=True, timeout=60)  # fmt: skip
+    assert (result.returncode, result.stdout) == (124, "interrupted\ntimes\n")
+    assert time.monotonic() - started < 30
 
 
 ENV_CACHE = env_python.ROOT / "scripts" / "env_cache.sh"
