@@ -59,7 +59,8 @@ def test_ci_exits_with_pytests_status_after_printing_the_times(tmp_path, pytest_
 
 def test_ci_interrupts_a_run_near_its_limit_and_still_prints_the_times():
     """A run reaching 85 minutes gets SIGINT (pytest's own Ctrl-C: it prints its summary), the module times print, and
-    CI exits 124 (timeout's: ran out of time), never green. The clock is started near the limit; a stand-in waits for SIGINT."""
+    CI exits 124 (timeout's: ran out of time), never green. The clock starts near the
+    limit; a stand-in waits for SIGINT."""
     tail = CI_RUN.read_text().split("scripts/setup.sh\n", 1)[1]
     assert README_TEST_COMMAND in tail
     stand_in = "bash -c 'trap \"echo interrupted; exit 2\" INT; sleep 60 >/dev/null 2>&1 & wait'"
