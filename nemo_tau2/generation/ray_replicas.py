@@ -14,8 +14,9 @@ Weights: ``update_weights(checkpoint_dir=...)`` reaches every replica on every n
 the trainer wrote, so that folder (under ``checkpointing.checkpoint_dir``) must be on a filesystem every generation
 node mounts; a replica that cannot see it refuses the update naming its node, before any replica loads anything.
 
-Faults: a watcher thread asks each replica for its health every ``HEALTH_INTERVAL_S``. A replica whose server died,
-or whose actor or node is gone, is restarted on its bundle (same port, the latest weights loaded) while
+Faults: a watcher thread asks each replica for its health every ``HEALTH_INTERVAL_S``. A replica whose server died
+(refused, or ``HEALTH_MISSES`` probes in a row unanswered: one slow answer on a busy machine is no death), or whose
+actor or node is gone, is restarted on its bundle (same port, the latest weights loaded) while
 ``cluster.generation_replica_restarts`` allows, else dropped: its URL leaves ``base_urls`` (weight updates skip it)
 and the Gym model servers' routers send its sessions elsewhere once it stops answering (the agent retries the turn).
 
@@ -52,6 +53,7 @@ from nemo_tau2.lease import LeaseRenewer, end_process, hold_lease
 logger = logging.getLogger(__name__)
 
 HEALTH_INTERVAL_S = 2.0
+HEALTH_MISSES = 3  # probes in a row a replica may leave unanswered (5 s each); a refused one loses it at once
 LOG_TAIL_BYTES = 4 * 1024**2
 """How much of a replica's log (its end) the head copies back: a vLLM log that ran for days stays on its node."""
 LOG_FETCH_TIMEOUT_S = 30.0
@@ -80,10 +82,8 @@ def replica_config(cfg: GenerationConfig, index: int, host: str, port: int | Non
     settings = dict(data.get(block) or {})
     settings["host"] = host
     configured = settings.get(_PORT_KEYS[block])
-    if port is not None:
-        settings[_PORT_KEYS[block]] = port
-    elif configured:
-        settings[_PORT_KEYS[block]] = configured + index
+    if port is not None or configured:
+        settings[_PORT_KEYS[block]] = port if port is not None else configured + index
     if block == "vllm_cfg":
         settings["data_parallel_size"] = 1
     return GenerationConfig.model_validate(data | {block: settings})
@@ -129,12 +129,13 @@ class GenerationReplica:
             "log_dir": self.log_dir,
         }  # fmt: skip
 
-    def healthy(self) -> bool:
+    def health(self) -> str:
+        """ "ok", "slow" (no answer within 5 s) or "down"."""
         try:
             with urllib.request.urlopen(self.base_url.removesuffix("/v1") + "/health", timeout=5) as response:
-                return response.status == 200
-        except OSError:
-            return False
+                return "ok" if response.status == 200 else "down"
+        except OSError as e:  # a read timeout is a TimeoutError, a connect timeout a URLError around one
+            return "slow" if TimeoutError in (type(e), type(getattr(e, "reason", None))) else "down"
 
     def can_read(self, checkpoint_dir: str) -> bool:
         return os.path.isdir(checkpoint_dir)
@@ -330,8 +331,10 @@ class RayGeneration:
                     continue
                 reason = None
                 try:
-                    if not ray.get(replica["actor"].healthy.remote(), timeout=30):
-                        reason = "its server stopped answering /health"
+                    health = ray.get(replica["actor"].health.remote(), timeout=30)
+                    replica["slow_probes"] = replica.get("slow_probes", 0) + 1 if health == "slow" else 0
+                    if health == "down" or replica["slow_probes"] >= HEALTH_MISSES:
+                        reason = f"its server stopped answering /health ({health})"
                 except ray.exceptions.GetTimeoutError:
                     reason = "its actor did not answer for 30 s"
                 except ray.exceptions.RayError:

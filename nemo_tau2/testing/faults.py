@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 FaultKind = Literal["http_500", "http_503", "http_429", "timeout", "garbage", "drop"]
-FaultRoute = Literal["chat", "tokenize", "embeddings", "any"]
+FaultRoute = Literal["chat", "tokenize", "embeddings", "health", "any"]
 HTTP_FAULT_STATUS = {"http_500": 500, "http_503": 503, "http_429": 429}
 
 
@@ -28,7 +28,9 @@ class FaultSpec(BaseModel):
         "without a response"
     )
     route: FaultRoute = Field(
-        "chat", description="chat = /v1/chat/completions, tokenize = /tokenize, embeddings = /v1/embeddings, any = all"
+        "chat",
+        description="chat = /v1/chat/completions, tokenize = /tokenize, embeddings = /v1/embeddings, health = /health "
+        "(only when named: a watcher's probe), any = all the others",
     )
     key: str | None = Field(None, description="only requests with exactly this conversation key")
     key_pattern: str | None = Field(None, description="only requests whose key matches this regex (re.search)")
@@ -58,7 +60,7 @@ class _ActiveFault:
 
     def matches(self, route: str, key: str | None) -> bool:
         spec = self.spec
-        if spec.route != "any" and spec.route != route:
+        if spec.route != route and (spec.route != "any" or route == "health"):
             return False
         if spec.key is not None and key != spec.key:
             return False

@@ -129,7 +129,13 @@ class FakeHTTPServer:
         self.engine.stats.requests_by_route["models"] += 1
         return _json(self.engine.models())
 
-    async def _health(self, request: web.Request) -> web.Response:
+    async def _health(self, request: web.Request) -> web.StreamResponse:
+        fault = self.engine.faults.take("health", None)  # not counted: waits and watchers probe it at their pace
+        if fault is not None:
+            self.engine.stats.faults_by_kind[fault.kind] += 1
+            faulted = await self._apply_fault(request, fault)
+            if faulted is not None:
+                return faulted
         return _json({"status": "ok"})
 
     async def _control(self, request: web.Request) -> web.Response:

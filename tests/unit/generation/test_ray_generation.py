@@ -71,6 +71,10 @@ def _server_pid(base_url: str) -> int:
     return next(c.pid for c in psutil.net_connections("tcp") if c.status == "LISTEN" and c.laddr.port == port)
 
 
+def _faults(server_url: str) -> int:
+    return sum(requests.get(server_url + "/fake/stats", timeout=10).json()["faults_by_kind"].values())
+
+
 def _chat_requests(base_url: str) -> int:
     stats = requests.get(base_url.removesuffix("/v1") + "/fake/stats", timeout=10).json()
     return stats["requests_by_route"].get("chat", 0)
@@ -130,6 +134,16 @@ def test_replicas_land_on_the_gpu_nodes_serve_episodes_and_a_lost_one_is_restart
         results = run_nemo_gym_rollout_sync(_rows("airline", ["0", "1", "2", "3"], 0), env.agent_urls, SAMPLING, 1)
         assert [r.status for r in results] == [OK] * 4 and all(r.reward == 1.0 for r in results)
         assert all(_chat_requests(url) > 0 for url in env.policy.base_urls)  # both replicas served turns
+
+        # Two probes in a row unanswered (a busy machine) lose no replica; the next answer clears them
+        busy = env.policy.base_urls[0].removesuffix("/v1")
+        fault = {"kind": "timeout", "route": "health", "count": 2, "hold_s": 7}
+        requests.post(f"{busy}/fake/control", json={"faults": [fault]}, timeout=10).raise_for_status()
+        deadline = time.monotonic() + 90
+        while replicas.replicas[0].get("slow_probes") != 0 or _faults(busy) < 2:
+            assert time.monotonic() < deadline and not replicas.lost, replicas.lost
+            time.sleep(0.2)
+        assert not replicas.lost and env.policy.base_urls == [r["base_url"] for r in replicas.replicas]
 
         lost_url = env.policy.base_urls[1]
         rows, results = _rows("airline", [str(i) for i in range(8)], 1), []
