@@ -64,6 +64,7 @@ import importlib.metadata, tau2.registry, tau2.evaluator.evaluator
 assert importlib.metadata.version('tau2') == '${VERSION#v}'" >/dev/null 2>&1
 }
 
+BYTECODE_ON_REUSE=1  # the suite starts tau2's worker, reference runs and CLIs dozens of times (env_cache.sh)
 env_cache_reuse_or_lock  # one build at a time per folder; a finished one is reused
 
 log "building $ENV_DIR ($STAMP)"

@@ -152,6 +152,38 @@ def test_a_build_with_a_reuse_check_reuses_on_it_alone_and_rebuilds_when_it_fail
     assert rebuilt.returncode == 0 and "building" in rebuilt.stderr and not (folder / "module_gone").exists()
 
 
+def test_a_build_compiles_its_packages_once_and_an_older_build_is_compiled_on_reuse_where_asked(tmp_path):
+    """Where PYTHONDONTWRITEBYTECODE is set (CI), an environment without .pyc compiles every import in every process
+    it starts. A build compiles its site-packages before its stamp; a folder built before that rule is compiled when
+    it is next reused if its script sets BYTECODE_ON_REUSE=1 (tau2's), and left as it is otherwise."""
+    folder = tmp_path / "env"
+    script = MINIATURE_BUILD.replace(
+        'mkdir -p "$ENV_DIR/bin"\nln -s "$4" "$ENV_DIR/bin/python"',
+        '"$4" -m venv --without-pip "$ENV_DIR"\n'
+        'site="$("$ENV_DIR/bin/python" -c \'import sysconfig; print(sysconfig.get_paths()["purelib"])\')"\n'
+        'echo "ANSWER = 42" > "$site/probe_module.py"',
+    )
+    assert script != MINIATURE_BUILD
+
+    def build(**env: str) -> subprocess.CompletedProcess:
+        command = ["bash", "-c", script, "build", str(ENV_CACHE), str(folder), "probe 1", sys.executable]
+        run = subprocess.run(command, capture_output=True, text=True, timeout=120,
+                             env=os.environ | {"PYTHONDONTWRITEBYTECODE": "1"} | env)  # fmt: skip
+        assert run.returncode == 0, run.stderr
+        return run
+
+    def compiled() -> list:
+        return list(folder.glob("lib/python*/site-packages/__pycache__/probe_module.*.pyc"))
+
+    assert "compiling" in build().stderr and compiled() and (folder / ".nemo_tau2_bytecode").exists()
+    for pyc in compiled():  # as a build made before the rule left it
+        pyc.unlink()
+    (folder / ".nemo_tau2_bytecode").unlink()
+    assert build().stderr == f"[probe] reusing {folder} (probe 1)\n" and not compiled()
+    assert "compiling" in build(BYTECODE_ON_REUSE="1").stderr and compiled()
+    assert build(BYTECODE_ON_REUSE="1").stderr == f"[probe] reusing {folder} (probe 1)\n"  # once
+
+
 BUILD_ONCE = """
 import sys, time
 from pathlib import Path
