@@ -44,6 +44,7 @@ from nemo_tau2.gym.agent.conversation import (
     start_conversation,
     verify,
 )
+from nemo_tau2.gym.agent.episode_record import failure_kind
 from nemo_tau2.gym.agent.resources_client import HttpTau2Session
 from nemo_tau2.gym.agent.user_simulator import UserSimulator
 from nemo_tau2.gym.http_client import GymHttpClient, InfrastructureError, RetryConfig
@@ -279,7 +280,12 @@ class AsyncTau2Env:
     async def _score(self, state: EpisodeState) -> dict:
         result = await self._guarded(verify(state, self._session))
         self._session = None
-        self.last_result = {key: value for key, value in result.items() if key not in _LARGE_VERIFY_FIELDS}
+        self.last_result = {key: value for key, value in result.items() if key not in _LARGE_VERIFY_FIELDS} | {
+            # how it ended, as the Gym agent's episode record and the eval's shares name it (an infrastructure
+            # failure raises instead: it has no outcome)
+            "tau2_failure_kind": failure_kind(False, state.termination_reason, state.agent_calls).value,
+            "agent_tool_calls": state.agent_calls.model_dump(),
+        }
         return self.last_result
 
     async def _guarded(self, work):

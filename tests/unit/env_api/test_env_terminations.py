@@ -36,6 +36,7 @@ async def test_user_stop_ends_the_episode_with_tau2s_reward_and_components(fake)
         None,
     )
     assert info["reward"] == 1.0 and info["success"] and info["db_match"] is True
+    assert info["tau2_failure_kind"] == "ended_normally" and info["agent_tool_calls"]["malformed"] == 0
     assert info["communicate_fraction"] == 1.0 and info["reward_info"]["reward"] == 1.0
     assert observations[0]["tools"] == domains.chat_tool_schemas("airline")  # the tools at reset only
     assert all(o["tools"] == [] for o in observations[1:])
@@ -56,6 +57,7 @@ async def test_a_transfer_to_a_human_agent_is_a_user_stop(fake):
     async with fake.env("airline", task_ids=["11"]) as env:
         info, observations, (terminated, _) = await play(env, 0, variant="transfer")
     assert terminated and info["termination_reason"] == "user_stop" and info["reward"] == 0.0
+    assert info["tau2_failure_kind"] == "transfer" and info["agent_tool_calls"]["transfer_to_human_agents"]
     assert observations[-1]["messages"][-1]["content"] == TRANSFER
 
 
@@ -74,6 +76,7 @@ async def test_max_steps_truncates_the_episode_with_reward_zero(fake):
         10,
         5,  # user, then agent + user per step: tau2 counts every message
     )
+    assert info["tau2_failure_kind"] == "max_steps"
 
 
 async def test_max_turns_truncates_after_that_many_policy_turns(fake):
@@ -88,6 +91,7 @@ async def test_max_turns_truncates_after_that_many_policy_turns(fake):
         "max_turns",
         "max_steps",
     )
+    assert info["tau2_failure_kind"] == "max_steps"
 
 
 async def test_too_many_tool_errors_terminate_the_episode(fake):
@@ -102,6 +106,7 @@ async def test_too_many_tool_errors_terminate_the_episode(fake):
         "too_many_errors",
         3,
     )
+    assert (info["tau2_failure_kind"], info["agent_tool_calls"]["hallucinated"]) == ("tool_error_cap", 3)
     assert observation["messages"] == [
         {"role": "tool", "tool_call_id": "c1", "content": _tau2_answer("airline", "launch_rocket", {"to": 1})}
     ]
@@ -112,6 +117,7 @@ async def test_an_empty_action_is_an_agent_error(fake):
         await env.reset(0)
         _, reward, terminated, _, info = await env.step({"role": "assistant", "content": "  "})
     assert terminated and info["termination_reason"] == "agent_error" and reward == 0.0
+    assert info["tau2_failure_kind"] == "empty_message"
 
 
 async def test_a_user_that_stays_silent_ends_the_episode_at_reset_as_a_user_error(fake):
@@ -119,6 +125,7 @@ async def test_a_user_that_stays_silent_ends_the_episode_at_reset_as_a_user_erro
     async with fake.env("airline", task_ids=["11"]) as env:
         observation, info = await env.reset(0)
         assert info["termination_reason"] == "user_error" and info["reward"] == 0.0
+        assert info["tau2_failure_kind"] == "empty_message"
         assert info["user_simulator"]["model_calls"] == 3  # 1 + user_empty_retries
         with pytest.raises(RuntimeError, match="has ended"):
             await env.step(ASK)
