@@ -46,7 +46,7 @@ def start_references(
     domains = list(tasks)
     deal = [(domain, task["id"]) for domain in domains for task in tasks[domain]]
     references = []
-    for shard in range(REFERENCE_PROCESSES):
+    for shard in range(min(REFERENCE_PROCESSES, len(deal))):  # no process that would only import tau2 (~5 CPU-s)
         task_ids = {domain: [] for domain in domains}
         for domain, task_id in deal[shard::REFERENCE_PROCESSES]:
             task_ids[domain].append(task_id)
