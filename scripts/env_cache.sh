@@ -28,10 +28,12 @@ env_cache_reuse_or_lock() {
   flock 9
   local check=imports_ok
   declare -F reuse_ok >/dev/null && check=reuse_ok
-  if [ -f "$ENV_DIR/.nemo_tau2_stamp" ] && [ "$(cat "$ENV_DIR/.nemo_tau2_stamp")" = "$STAMP" ]; then
-    [ "${BYTECODE_ON_REUSE:-0}" = 1 ] && env_cache_compile
+  local stamped=0
+  [ -f "$ENV_DIR/.nemo_tau2_stamp" ] && [ "$(cat "$ENV_DIR/.nemo_tau2_stamp")" = "$STAMP" ] && stamped=1
+  if [ "$stamped" = 1 ] && [ "${BYTECODE_ON_REUSE:-0}" = 1 ]; then
+    env_cache_compile
   fi
-  if [ -f "$ENV_DIR/.nemo_tau2_stamp" ] && [ "$(cat "$ENV_DIR/.nemo_tau2_stamp")" = "$STAMP" ] && "$check"; then
+  if [ "$stamped" = 1 ] && "$check"; then
     log "reusing $ENV_DIR ($STAMP)"
     echo "$ENV_DIR/bin/python"
     exit 0

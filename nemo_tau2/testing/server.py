@@ -94,18 +94,23 @@ class FakeHTTPServer:
             return _error(str(e))
         if route == "chat":
             stats.requests_by_key[key or ""] += 1
-        fault = self.engine.faults.take(route, key)
-        if fault is not None:
-            stats.faults_by_kind[fault.kind] += 1
-            faulted = await self._apply_fault(request, fault)
-            if faulted is not None:
-                return faulted
+        faulted = await self._fault(request, route, key)
+        if faulted is not None:
+            return faulted
         if route == "chat" and self.engine.latency_s:
             await asyncio.sleep(self.engine.latency_s)
         try:
             return _json(answer(body))
         except _CLIENT_ERRORS as e:
             return _error(str(e))
+
+    async def _fault(self, request: web.Request, route: str, key: str | None) -> web.StreamResponse | None:
+        """The faulty response if a fault rule takes this request (counted by kind), else None: answer normally."""
+        fault = self.engine.faults.take(route, key)
+        if fault is None:
+            return None
+        self.engine.stats.faults_by_kind[fault.kind] += 1
+        return await self._apply_fault(request, fault)
 
     async def _apply_fault(self, request: web.Request, fault: FaultSpec) -> web.StreamResponse | None:
         """The faulty response, or None when the request should then be answered normally (after a hold)."""
@@ -130,13 +135,8 @@ class FakeHTTPServer:
         return _json(self.engine.models())
 
     async def _health(self, request: web.Request) -> web.StreamResponse:
-        fault = self.engine.faults.take("health", None)  # not counted: waits and watchers probe it at their pace
-        if fault is not None:
-            self.engine.stats.faults_by_kind[fault.kind] += 1
-            faulted = await self._apply_fault(request, fault)
-            if faulted is not None:
-                return faulted
-        return _json({"status": "ok"})
+        faulted = await self._fault(request, "health", None)  # not counted: waits and watchers probe at their pace
+        return faulted if faulted is not None else _json({"status": "ok"})
 
     async def _control(self, request: web.Request) -> web.Response:
         self.engine.stats.requests_by_route["control"] += 1
