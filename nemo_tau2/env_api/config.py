@@ -48,6 +48,8 @@ class Tau2EnvConfig(EpisodeLimits):
     def _tasks_exist(self) -> "Tau2EnvConfig":
         if "policy_retry" in self.model_fields_set:
             raise ValueError("policy_retry does not apply to Tau2Env: the caller plays the policy")
+        if "pivot_text_reward" in self.model_fields_set:
+            raise ValueError("pivot_text_reward does not apply to Tau2Env: it plays tasks, not pivot rows")
         if (problem := domain_problem(self.domain, self.tau2.version)) is not None:
             raise ValueError(problem)  # v1.0.1's own domains (banking_knowledge) are its worker's to serve
         if (self.split is None) == (self.task_ids is None):

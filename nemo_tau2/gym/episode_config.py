@@ -10,7 +10,7 @@
   (it is the agent config's own schema), never as a hand-built dict.
 """
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -31,7 +31,8 @@ CLUSTER_FOR_REPLICAS = (
 
 
 class EpisodeLimits(BaseModel):
-    """tau2's episode limits and the retries of the episode's calls (policy, user simulator, resources server)."""
+    """tau2's episode limits, the retries of the episode's calls (policy, user simulator, resources server) and how a
+    pivot row's text turn is scored."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -43,6 +44,12 @@ class EpisodeLimits(BaseModel):
     user_retry: RetryConfig = Field(default_factory=RetryConfig, description="Calls to the user simulator.")
     resources_retry: RetryConfig = Field(
         default_factory=lambda: RetryConfig(timeout_s=120.0), description="Calls to the tau2 resources server."
+    )
+    pivot_text_reward: Literal["message", "continue"] = Field(
+        default="message",
+        description="A pivot row (docs/pivot-rl.md) whose demonstrated turn is text: 'message' scores any text 1 "
+        "(NeMo-Gym's verifier); 'continue' plays on from a fork of the pivot's state, the sampled turn first, with "
+        "the policy and the simulated user, and scores tau2's reward.",
     )
 
     def limits(self) -> dict[str, Any]:

@@ -33,7 +33,14 @@ from pydantic import BaseModel, ConfigDict, Field
 import nemo_tau2.testing.chat_tokens as chat_tokens
 from nemo_tau2.gym.agent import user_strategies as strategies
 from nemo_tau2.testing.release_tasks import release_task, required_documents
-from nemo_tau2.testing.scripts import DEFAULT_CLOSING_TEXT, ScriptError, ScriptRequest, Turn, WhenExhausted
+from nemo_tau2.testing.scripts import (
+    DEFAULT_CLOSING_TEXT,
+    ScriptError,
+    ScriptRequest,
+    Turn,
+    WhenExhausted,
+    count_assistant_messages,
+)
 
 if TYPE_CHECKING:
     from tau2.data_model.tasks import Task
@@ -305,7 +312,8 @@ class ScriptedUser:
         return Turn.say(f"{strategies.THOUGHT_LABEL}\n{thought}\n{strategies.MESSAGE_LABEL}\n{turn.text}")
 
     def _respond(self, request: ScriptRequest) -> Turn:
-        if request.turn_index == 0 or not request.messages:
+        opening = request.turn_index == 0 and not count_assistant_messages(request.messages)  # said nothing yet
+        if opening or not request.messages:  # (a conversation played on from a stored one has: it reacts)
             return Turn.say(self.opening)
         last = request.messages[-1]
         if last.get("role") == "tool":

@@ -14,6 +14,7 @@ takes the researcher's action. Everything else (:func:`play_until_agent`) asks t
 session (:class:`Tau2Session`: the resources server over HTTP, or the same session code in process).
 """
 
+import json
 import re
 import time
 import uuid
@@ -138,6 +139,42 @@ def start_conversation(state: EpisodeState) -> None:
     state.user_history.append(message_item("user", greeting))  # the agent's greeting, as the user sees it
     state.tau2_messages.append({"role": "assistant", "content": greeting})
     state.sender, state.receiver = AGENT, USER
+
+
+def resume_conversation(state: EpisodeState, messages: list[dict]) -> None:
+    """Go on from a stored conversation (tau2's messages before an agent turn, e.g. a pivot's prefix): the agent
+    speaks next. The user's own view of it is rebuilt as :func:`play_until_agent` would have built it (the agent's
+    texts as ``user``, the user's texts as ``assistant``, the user's device calls and their answers; never the
+    agent's calls), and tau2's counters (steps, tool errors) resume where the prefix left them, so ``max_steps`` and
+    ``max_errors`` bound the whole episode. ``max_turns`` counts this episode's policy turns."""
+    previous = None
+    for message in messages:
+        role, calls = message.get("role"), message.get("tool_calls") or []
+        if role == "tool":
+            state.errors += bool(message.get("error"))
+            state.steps += previous != "tool"  # one hop answers all calls of a message
+            if message.get("requestor") == "user":
+                output = message.get("content") or ""
+                answer = {"type": "function_call_output", "call_id": message.get("id"), "output": output}
+                state.user_history.append(answer)
+        else:
+            state.steps += previous is not None  # the greeting opens the episode; every later message is a hop
+            text = message.get("content") or ""
+            if role == "user" and calls:
+                state.user_history.extend(_call_item(call) for call in calls)
+            elif role == "user":
+                state.user_history.append(message_item("assistant", text))
+            elif not calls:
+                state.user_history.append(message_item("user", text))
+        previous = role
+    state.tau2_messages = list(messages)
+    state.sender, state.receiver = (USER if previous == "user" else ENV if previous == "tool" else AGENT), AGENT
+
+
+def _call_item(call: dict) -> dict:
+    """A recorded tau2 call as the Responses ``function_call`` item the user model saw."""
+    return {"type": "function_call", "call_id": call.get("id"), "name": call.get("name"),
+            "arguments": json.dumps(call.get("arguments") or {}, ensure_ascii=False)}  # fmt: skip
 
 
 def agent_said(state: EpisodeState, turn: Turn | None, settings: EpisodeSettings) -> None:

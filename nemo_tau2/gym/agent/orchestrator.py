@@ -19,17 +19,25 @@ from nemo_tau2.gym.agent.conversation import (
     RowError,
     agent_said,
     play_until_agent,
+    resume_conversation,
     start_conversation,
     verify,
 )
 from nemo_tau2.gym.agent.episode_record import (
+    TRAJECTORY_KEY,
     EpisodeData,
     EpisodeStatus,
     TokenContiguity,
     failure_kind,
     metric_flags,
 )
-from nemo_tau2.gym.agent.resources_client import PIVOT_KEY, PIVOT_TERMINATION, HttpTau2Session
+from nemo_tau2.gym.agent.resources_client import (
+    PIVOT_CONTINUED,
+    PIVOT_KEY,
+    PIVOT_ROW_ONLY,
+    PIVOT_TERMINATION,
+    HttpTau2Session,
+)
 from nemo_tau2.gym.agent.turns import Turn, read_turn, with_last_token_ids_only
 from nemo_tau2.gym.agent.user_simulator import UserSimulator
 from nemo_tau2.gym.episode_config import EpisodeSettings
@@ -113,6 +121,9 @@ class EpisodeOrchestrator:
 
     async def _play(self, state: EpisodeState) -> None:
         start_conversation(state)
+        await self._play_on(state)
+
+    async def _play_on(self, state: EpisodeState) -> None:
         await play_until_agent(state, self.user, self.session, self.settings)
         while state.termination_reason is None:
             agent_said(state, await self._policy_turn(state), self.settings)
@@ -123,9 +134,31 @@ class EpisodeOrchestrator:
         action run in a fork of the pivot's state). No session is seeded: the server rebuilds the state per pivot."""
         state.tau2_version = state.row.get("tau2_version") or "v0.2.1"
         state.retrieval_variant = state.row.get("retrieval_variant")
+        if self.settings.pivot_text_reward == "continue" and (state.row[PIVOT_KEY] or {}).get("type") == "message":
+            return await self._continued_pivot(state)
         turn = await self._policy_turn(state)
         state.termination_reason = PIVOT_TERMINATION if turn is not None else "agent_error"
         return await self.session.verify_pivot(state)
+
+    async def _continued_pivot(self, state: EpisodeState) -> dict:
+        """A text pivot in mode ``continue``: the sampled turn, then the episode played on from a fork of the pivot's
+        state by the policy and the simulated user, scored by tau2's ``/verify``. The response is the pivot turn alone
+        (what trains: PivotRL's response is the sampled turn); the whole trajectory is the answer's
+        ``tau2_messages``."""
+        await self.session.fork_prefix(state)
+        resume_conversation(state, state.row[TRAJECTORY_KEY])
+        agent_said(state, await self._policy_turn(state), self.settings)
+        pivot_turn_items = len(state.outputs)
+        await self._play_on(state)
+        result = await verify(state, self.session)
+        answer = {key: value for key, value in result.items() if key not in PIVOT_ROW_ONLY}
+        played = f"played on to {state.termination_reason} after {state.policy_turns} policy turn(s)"
+        pivot = {"category": PIVOT_CONTINUED, "detail": played}
+        return answer | {
+            "response": result["response"] | {"output": result["response"]["output"][:pivot_turn_items]},
+            TRAJECTORY_KEY: state.tau2_messages,
+            "reward_info": (result.get("reward_info") or {}) | {"pivot": pivot},
+        }
 
     # ---------------------------------------------------------------- the policy and the user model
     async def _policy_turn(self, state: EpisodeState) -> Turn | None:

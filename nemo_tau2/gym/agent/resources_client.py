@@ -34,6 +34,8 @@ IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
 PIVOT_KEY = "expected_action"  # a row holding it is a pivot (NeMo-Gym's pivot row contract): one turn, /verify_pivot
 PIVOT_TERMINATION = "pivot_turn"  # a pivot episode's end: its one policy turn was taken
 PIVOT_ROW_ONLY = frozenset({TRAJECTORY_KEY, "turn", "source_reward"})
+PIVOT_NOT_FORKED = frozenset({"responses_create_params", "expected_action", "turn"})  # /fork's turn is another turn
+PIVOT_CONTINUED = "continued"  # a text pivot played on (pivot_text_reward: continue): tau2's reward
 PIVOT_NO_COMPONENTS = (
     "db_match",
     "action_match_fraction",
@@ -147,6 +149,24 @@ class HttpTau2Session:
             "response": response_object, "success": answer["reward"] == 1.0, "num_tool_calls": 0,
             "num_tool_errors": 0, "reward_info": {"pivot": {key: answer.get(key) for key in ("category", "detail")}},
         }  # fmt: skip
+
+    async def fork_prefix(self, state: EpisodeState) -> None:
+        """Make this episode's session a fork of the pivot row's state (its task with the prefix ``tau2_messages``
+        replayed on the server, ``POST /fork``), adopted by the episode's cookie (``/adopt_fork``); set the user's
+        prompt and tools as seeding does. A prefix the server cannot replay is the row's :class:`RowError`."""
+        body = {key: value for key, value in state.row.items() if key[:1] != "_" and key not in PIVOT_NOT_FORKED}
+        state.resources_url = state.resources_url or self.router.route(state.request_key)
+        response = await self._post(state, "/fork", body | {"n": 1, "turn": None}, "forking the pivot's state")
+        if response.status in (400, 404, 422):
+            raise RowError(f"the resources server refused the pivot's prefix at /fork: {response.text[:500]}")
+        if response.status != 200:
+            raise response.failure("/fork")
+        fork_id = response.body["fork_ids"][0]
+        adopted = await self._post(state, "/adopt_fork", {"fork_id": fork_id}, "adopting the pivot's fork")
+        if adopted.status != 200:
+            raise adopted.failure("/adopt_fork")
+        state.user_system_prompt = response.body["user_system_prompt"]
+        state.user_tools = response.body["user_tools"]
 
     async def end(self, state: EpisodeState) -> None:
         if not state.cookies["resources"]:

@@ -11,9 +11,11 @@
   runs the parent's calls again in a new episode, its own sandbox and unlocked tools included), never the parent's
   objects. The answer lists ``fork_ids``; ``POST /adopt_fork`` ``{"fork_id"}`` makes the caller's cookie that
   fork's session (once per fork), whose tool calls and ``/verify`` then go on as any session's. The conversation so
-  far is the caller's (a live parent's), or the answer's ``tau2_messages`` (a stored one's prefix).
+  far is the caller's (a live parent's), or the answer's ``tau2_messages`` (a stored one's prefix, with the user's
+  prompt and tools, as ``/seed_session`` answers them: what a simulated user needs to play on).
 - A ``/fork`` with an ``Idempotency-Key`` runs once: a retry (same key, same bytes) gets the recorded answer, the same
-  fork ids; the same key on another request is a 409 (:mod:`.replay`).
+  fork ids; the same key on another request is a 409 (:mod:`.replay`). An ``/adopt_fork`` retried with its key gets
+  its answer and cookie again.
 """
 
 import uuid
@@ -24,9 +26,10 @@ from fastapi import FastAPI, HTTPException, Request, Response
 from nemo_gym.server_utils import SESSION_ID_KEY
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from nemo_tau2.gym.resources_server.in_process import start_episode
 from nemo_tau2.gym.resources_server.release import WorkerRelease
 from nemo_tau2.gym.resources_server.replay import RecordedAnswer, idempotency_key
-from nemo_tau2.gym.resources_server.rescoring import TrajectoryError, replay, replay_into, stored_row
+from nemo_tau2.gym.resources_server.rescoring import TrajectoryError, replay_into, stored_row
 from nemo_tau2.gym.resources_server.sessions import TooManySessionsError
 from nemo_tau2.tau2_env import domains
 from nemo_tau2.tau2_release.client import Tau2RequestError, Tau2WorkerError
@@ -58,6 +61,10 @@ class ForkResponse(BaseModel):
     tau2_messages: list[dict] | None = Field(
         default=None, description="A stored parent's prefix: the conversation the forks continue from."
     )
+    user_system_prompt: str | None = Field(
+        default=None, description="A stored parent's: the simulated user's prompt (as /seed_session answers it)."
+    )
+    user_tools: list[dict] | None = Field(default=None, description="A stored parent's: the user's device tools.")
 
 
 class AdoptForkRequest(BaseModel):
@@ -78,15 +85,15 @@ def prefix_before(messages: list[dict], turn: int | None) -> list[dict]:
     return messages[: starts[turn]]
 
 
-def rebuild(release: WorkerRelease | None, domain: str, task_id: str, messages: list[dict]) -> Any:
-    """A stored episode's parent: the task's start state with ``messages``' calls replayed (:mod:`.rescoring`)."""
-    if release is None:
-        return replay(domain, task_id, messages)
-    episode, _ = release.start_episode(domain, task_id)
+def rebuild(release: WorkerRelease | None, domain: str, task_id: str, messages: list[dict]) -> tuple[Any, dict]:
+    """A stored episode's parent: the task's start state with ``messages``' calls replayed (:mod:`.rescoring`), and
+    what ``/seed_session`` answers about the task (the user's prompt and tools: a fork played on needs them)."""
+    episode, answer = release.start_episode(domain, task_id) if release is not None else start_episode(domain, task_id)
     try:
-        return replay_into(episode, domain, messages)
+        return replay_into(episode, domain, messages), answer
     except BaseException:
-        episode.close()
+        if hasattr(episode, "close"):
+            episode.close()
         raise
 
 
@@ -102,6 +109,7 @@ class ForkRoutes:
         self.row_model = row_model  # the server's seed request: what a stored episode's row must hold
         self.unadopted: set[str] = set()  # fork ids no cookie holds yet
         self.recorded: OrderedDict[str, RecordedAnswer] = OrderedDict()  # /fork's answers by Idempotency-Key
+        self.adoptions: OrderedDict[str, str] = OrderedDict()  # /adopt_fork's fork ids by Idempotency-Key
 
     def add_to(self, app: FastAPI) -> None:
         app.post("/fork")(self.fork)
@@ -128,7 +136,7 @@ class ForkRoutes:
         session = sessions.session(session_id)
         if session is not None and session_id in server._scorings:
             raise HTTPException(status_code=409, detail="this session's episode is being verified: it has ended")
-        prefix = None
+        prefix, seeded = None, {}
         try:
             if session is not None:
                 if body.tau2_messages is not None:
@@ -146,7 +154,7 @@ class ForkRoutes:
                 if (problem := server._row_problem(row)) is not None:
                     raise HTTPException(status_code=problem[0], detail=problem[1])
                 prefix = prefix_before(body.tau2_messages, body.turn)
-                parent, rebuilt = rebuild(server._release, row.domain, row.task_id, prefix), True
+                (parent, seeded), rebuilt = rebuild(server._release, row.domain, row.task_id, prefix), True
             try:
                 forks = parent.fork(body.n)
             finally:
@@ -174,18 +182,30 @@ class ForkRoutes:
         first = forks[0]
         task_id = str(first.task_id if hasattr(first, "task_id") else first.task.id)
         return ForkResponse(
-            fork_ids=fork_ids, domain=first.domain, task_id=task_id, num_tool_calls=_count(first), tau2_messages=prefix
-        )
+            fork_ids=fork_ids, domain=first.domain, task_id=task_id, num_tool_calls=_count(first),
+            tau2_messages=prefix, user_system_prompt=seeded.get("user_system_prompt"),
+            user_tools=seeded.get("user_tools"),
+        )  # fmt: skip
 
     async def adopt_fork(self, request: Request) -> dict[str, str]:
         """The caller's cookie becomes the fork's session (a fork is adopted once; an unadopted fork left idle is
-        dropped as any idle session)."""
+        dropped as any idle session). A retry with the first request's ``Idempotency-Key`` gets the same answer and
+        cookie while the fork lives: an answer lost on the way never strands the caller."""
         body = await body_as(request, AdoptForkRequest)
+        key = idempotency_key(request.headers)
+        retried = key is not None and self.adoptions.get(key) == body.fork_id  # its first answer was lost
+        if retried and self.server._sessions.session(body.fork_id) is not None:
+            request.session[SESSION_ID_KEY] = body.fork_id
+            return {"fork_id": body.fork_id}
         if body.fork_id not in self.unadopted or self.server._sessions.session(body.fork_id) is None:
             self.unadopted.discard(body.fork_id)
             raise HTTPException(status_code=404, detail=f"no unadopted live fork {body.fork_id!r}")
         self.unadopted.discard(body.fork_id)
         request.session[SESSION_ID_KEY] = body.fork_id
+        if key is not None:
+            self.adoptions[key] = body.fork_id
+            while len(self.adoptions) > MAX_RECORDED_FORKS:
+                self.adoptions.popitem(last=False)
         return {"fork_id": body.fork_id}
 
 

@@ -233,7 +233,7 @@ class PivotRoutes:
         actual = action_of_output(body.response.output)
 
         def build() -> Any:
-            return rebuild(server._release, row.domain, row.task_id, body.tau2_messages)
+            return rebuild(server._release, row.domain, row.task_id, body.tau2_messages)[0]
 
         try:
             state = self.states.get(pivot_key(row, body.tau2_messages), build)

@@ -4,6 +4,7 @@ import pytest
 from tau2.data_model.message import ToolCall
 
 from nemo_tau2.env_api import Tau2Env
+from nemo_tau2.env_api.config import Tau2EnvConfig
 from nemo_tau2.gym.http_client import InfrastructureError
 from nemo_tau2.tau2_env import domains
 from nemo_tau2.testing import OUT_OF_SCOPE, TRANSFER, PolicyScriptConfig, UserScriptConfig
@@ -208,6 +209,8 @@ def test_bad_settings_name_the_problem(fake):
         fake.env("airline", task_ids=["999"])
     with pytest.raises(ValueError, match="max_steps"):
         fake.env("airline", max_steps=0)
+    with pytest.raises(ValueError, match="pivot_text_reward does not apply to Tau2Env"):  # a setting it would ignore
+        Tau2EnvConfig(domain="airline", split="test", user={"generation": USER}, pivot_text_reward="continue")
     with pytest.raises(ValueError, match="pre-written message history"):
         fake.env("mock", task_ids=[t.id for t in domains.get_tasks("mock", "base")])
     with pytest.raises(ValueError, match="max_checks applies only"):

@@ -83,6 +83,7 @@ def check_forks(url: str, domain: str, task_id: str, actions: list[dict]) -> dic
     assert stored.status_code == 200, stored.text
     assert stored.json()["tau2_messages"] == trajectory.messages[:-3]  # before "One moment." and the W call
     assert stored.json()["num_tool_calls"] == len(prefix)
+    assert stored.json()["user_system_prompt"] and isinstance(stored.json()["user_tools"], list)  # a user plays on
     (rebuilt,) = adopted(url, stored)
     assert play(rebuilt, url, write) == once, "a fork of the stored prefix is not in the prefix's state"
 

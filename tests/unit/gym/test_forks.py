@@ -51,10 +51,15 @@ def test_bad_fork_requests_get_a_one_line_4xx(resources_server_url):
     assert not_json.status_code == 400 and "\n" not in not_json.json()["detail"]
 
     fork_id = fork(live, url, {"n": 1}).json()["fork_ids"][0]
-    adopter = requests.Session()
-    assert adopter.post(f"{url}/adopt_fork", json={"fork_id": fork_id}).status_code == 200
+    adopter, key = requests.Session(), {"Idempotency-Key": "adopt-1"}
+    assert adopter.post(f"{url}/adopt_fork", json={"fork_id": fork_id}, headers=key).status_code == 200
     again = requests.Session().post(f"{url}/adopt_fork", json={"fork_id": fork_id})  # a fork is adopted once
     assert again.status_code == 404 and "no unadopted live fork" in again.json()["detail"]
+    other = requests.Session().post(f"{url}/adopt_fork", json={"fork_id": fork_id}, headers={"Idempotency-Key": "2"})
+    assert other.status_code == 404, other.text
+    retried = requests.Session()  # its first answer (and cookie) lost: the retry with its key gets both
+    assert retried.post(f"{url}/adopt_fork", json={"fork_id": fork_id}, headers=key).json() == {"fork_id": fork_id}
+    assert retried.post(f"{url}/get_user_details", json={"user_id": "mia_li_3668"}).status_code == 200
     unknown = requests.Session().post(f"{url}/adopt_fork", json={"fork": fork_id})
     assert unknown.status_code == 400 and "fork_id" in unknown.json()["detail"]
 

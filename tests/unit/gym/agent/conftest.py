@@ -2,6 +2,7 @@
 servers, the real resources server and the real agent server, all on 127.0.0.1."""
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass
 
 import aiohttp
@@ -13,6 +14,7 @@ from nemo_tau2.tau2_env.gym_rows import task_row
 from nemo_tau2.testing import start_fake_server
 from nemo_tau2.testing.scripts import Turn, TurnListScript
 
+CONTINUING_AGENT = "tau2_agent_continuing"  # the stack's agent with pivot_text_reward: continue
 FAST_RETRY = {"timeout_s": 3.0, "max_attempts": 3, "backoff_s": 0.05, "max_backoff_s": 0.2}
 
 
@@ -41,16 +43,22 @@ class Stack:
     def run(self, domain: str, task_id: str, **row_fields) -> tuple[int, dict]:
         return asyncio.run(self.run_many([(domain, task_id, row_fields)]))[0]
 
-    async def run_many(self, jobs, concurrency: int = 16) -> list[tuple[int, dict]]:
+    def run_row(self, row: dict, agent: str = AGENT) -> tuple[int, dict]:
+        """One whole row (e.g. a pivot's) played by ``agent``, a server of this stack."""
+        return asyncio.run(self.run_many([row], agent_url=self.servers.url(agent)))[0]
+
+    async def run_many(self, jobs, concurrency: int = 16, agent_url: str | None = None) -> list[tuple[int, dict]]:
+        """``jobs``: (domain, task_id, row fields) of task rows, or whole rows."""
         gate = asyncio.Semaphore(concurrency)
         timeout = aiohttp.ClientTimeout(total=300)
         async with aiohttp.ClientSession(timeout=timeout) as http:
 
-            async def one(domain, task_id, fields):
-                async with gate, http.post(f"{self.agent_url}/run", json=task_row(domain, task_id) | fields) as r:
+            async def one(job):
+                row = job if isinstance(job, dict) else task_row(job[0], job[1]) | job[2]
+                async with gate, http.post(f"{agent_url or self.agent_url}/run", json=row) as r:
                     return r.status, await r.json()
 
-            return await asyncio.gather(*(one(*job) for job in jobs))
+            return await asyncio.gather(*(one(job) for job in jobs))
 
 
 @pytest.fixture(scope="package")
@@ -64,6 +72,9 @@ def stack():
             domains=["airline", "retail", "telecom"],
             agent_config={"policy_retry": FAST_RETRY, "user_retry": FAST_RETRY},
         )
+        agent = next(spec for spec in specs if spec.name == AGENT)  # a second agent: text pivots played on
+        continuing = agent.config | {"pivot_text_reward": "continue"}
+        specs.append(dataclasses.replace(agent, name=CONTINUING_AGENT, config=continuing))
         with GymServers(specs) as servers:
             yield Stack(fake, provider, servers.url(AGENT), servers)
 

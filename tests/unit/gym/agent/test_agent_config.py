@@ -41,6 +41,7 @@ def test_unknown_domain_stops_the_agent_at_start_up():
         ({"max_step": 50}, "'max_step' (did you mean 'max_steps'?)"),
         ({"user_responses_create_params": {"top_k": 20}}, "may not set ['top_k']"),
         ({"max_errors": 0}, "greater than 0"),
+        ({"pivot_text_reward": "rollout"}, "'message' or 'continue'"),
         ({"policy_retry": {"timeout": 5}}, "Extra inputs are not permitted"),
         ({"user_strategy": {"strategy": "socratic"}}, "'llm', 'react', 'verify' or 'reflection'"),
         ({"user_strategy": {"max_checks": 2}}, "max_checks applies only to strategy verify or reflection"),

@@ -1,0 +1,107 @@
+"""Text pivots in mode ``continue`` (``pivot_text_reward: continue``): the sampled turn, then the episode played on
+from a fork of the pivot's state by the policy and the simulated user, scored by tau2's reward.
+
+The pivots are cut from live episodes of this stack (the oracle policy, the scripted user), one per domain: in
+airline and retail the closing turn, after every gold call (the user must hear the task's ``communicate_info``); in
+telecom the agent's last request for a device action, after the user's earlier device calls. Played on:
+
+- the user simulator's first request after the pivot turn is the very request it got at that point of the live
+  episode (its view rebuilt from the stored prefix: the agent's texts, its own messages, its device calls and their
+  answers), the trajectory is the live one, and the reward is the live reward (1);
+- a text that skips what the task needs (the closing question alone, without the information or the last device
+  action) scores 0, where mode ``message`` (NeMo-Gym's rule) scores both texts 1;
+- the response is the pivot turn alone (what trains), the whole trajectory is the answer's ``tau2_messages``;
+- a prefix that does not replay is refused (400) with its reason.
+"""
+
+import copy
+
+import pytest
+
+from nemo_tau2.gym.stack import AGENT
+from nemo_tau2.pivots.candidates import StoredTrajectory, pivot_rows
+from nemo_tau2.tau2_env import domains
+from nemo_tau2.tau2_env.gym_rows import task_row
+from nemo_tau2.testing.scripts import DEFAULT_CLOSING_TEXT, Turn, TurnListScript
+from nemo_tau2.testing.tau2_scripts import DEVICE_ACTION_PREFIX, ScriptedUser, UserScriptConfig, oracle_turns
+from tests.unit.gym.agent.conftest import CONTINUING_AGENT
+
+TASKS = {"airline": "3", "retail": "2", "telecom": domains.get_tasks("telecom", "base")[0].id}
+
+
+class RecordingUser:
+    """The scripted user of one task, keeping every request's messages (its view of the conversation)."""
+
+    token_consistent = True
+
+    def __init__(self, domain: str, task_id: str):
+        self.user = ScriptedUser(domain, domains.get_task(domain, task_id), UserScriptConfig())
+        self.requests: list[list[dict]] = []
+
+    def respond(self, request):
+        self.requests.append(request.messages)
+        return self.user.respond(request)
+
+
+def pivot_of(domain: str, task_id: str, messages: list[dict]) -> dict:
+    """The live trajectory's pivot: the closing turn, or (telecom) the last request for a device action."""
+    rows, _ = pivot_rows(StoredTrajectory(domain, task_id, messages, source="live"), task_row(domain, task_id))
+    texts = [row for row in rows if row["expected_action"]["type"] == "message"]
+    if domain == "telecom":
+        return [row for row in texts if row["expected_action"]["content"].startswith(DEVICE_ACTION_PREFIX)][-1]
+    return texts[-1]
+
+
+def calls_and_texts(messages: list[dict]) -> list[tuple]:
+    """A trajectory without its call ids (a continuation's calls get new ones)."""
+    return [
+        (m["role"], m.get("content"), [(c["name"], c["arguments"], c["requestor"]) for c in m.get("tool_calls") or []])
+        for m in messages
+    ]
+
+
+@pytest.mark.parametrize("domain", list(TASKS))
+def test_a_text_pivot_played_on_is_the_live_episode_and_a_text_that_skips_the_task_scores_0(fresh_stack, domain):
+    task_id = TASKS[domain]
+    fresh_stack.provider.user = live_user = RecordingUser(domain, task_id)
+    status, live = fresh_stack.run(domain, task_id)
+    assert status == 200 and live["reward"] == 1.0 and live["termination_reason"] == "user_stop", live
+    pivot = pivot_of(domain, task_id, live["tau2_messages"])
+    assert pivot["tau2_messages"] == live["tau2_messages"][: len(pivot["tau2_messages"])]
+    if domain == "telecom":  # the rebuilt user view holds its own device calls and their answers
+        assert any(m.get("requestor") == "user" and m["role"] == "tool" for m in pivot["tau2_messages"])
+
+    oracle_rest = list(oracle_turns(domains.get_task(domain, task_id)))[pivot["turn"] - 1 :]
+    assert oracle_rest[0].text == pivot["expected_action"]["content"]
+    skipping = [Turn.say(DEFAULT_CLOSING_TEXT)]
+    verdicts = {}
+    for name, turns in (("oracle", oracle_rest), ("skipping", skipping)):
+        for agent in (AGENT, CONTINUING_AGENT):
+            fresh_stack.provider.policy = TurnListScript(turns)
+            fresh_stack.provider.user = user = RecordingUser(domain, task_id)
+            status, body = fresh_stack.run_row(pivot, agent)
+            assert status == 200, body
+            verdicts[name, agent] = body["reward"]
+            category = body["reward_info"]["pivot"]["category"]
+            assert category == ("message" if agent == AGENT else "continued"), body["reward_info"]
+            if agent == CONTINUING_AGENT and name == "oracle":
+                assert user.requests[0] in live_user.requests, "the user's view is not the live one at the pivot"
+                assert calls_and_texts(body["tau2_messages"]) == calls_and_texts(live["tau2_messages"])
+                assert body["termination_reason"] == "user_stop" and body["num_turns"] == len(oracle_rest)
+                pivot_turn = body["response"]["output"]  # the pivot turn alone: what trains
+                assert [item["type"] for item in pivot_turn] == ["message"], pivot_turn
+                assert pivot_turn[0]["generation_token_ids"] and pivot_turn[0]["prompt_token_ids"]
+    assert verdicts == {
+        ("oracle", AGENT): 1.0, ("oracle", CONTINUING_AGENT): 1.0,
+        ("skipping", AGENT): 1.0, ("skipping", CONTINUING_AGENT): 0.0,
+    }  # fmt: skip
+
+
+def test_a_prefix_that_does_not_replay_is_refused(fresh_stack):
+    status, live = fresh_stack.run("airline", TASKS["airline"])
+    assert status == 200, live
+    pivot = copy.deepcopy(pivot_of("airline", TASKS["airline"], live["tau2_messages"]))
+    answer = next(m for m in pivot["tau2_messages"] if m["role"] == "tool")
+    answer["content"] = "an answer this data never gave"
+    status, body = fresh_stack.run_row(pivot, CONTINUING_AGENT)
+    assert status == 400 and "cannot be forked" in body["detail"] and "\n" not in body["detail"], body
