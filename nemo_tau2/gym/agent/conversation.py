@@ -146,9 +146,14 @@ def resume_conversation(state: EpisodeState, messages: list[dict]) -> None:
     speaks next. The user's own view of it is rebuilt as :func:`play_until_agent` would have built it (the agent's
     texts as ``user``, the user's texts as ``assistant``, the user's device calls and their answers; never the
     agent's calls), and tau2's counters (steps, tool errors) resume where the prefix left them, so ``max_steps`` and
-    ``max_errors`` bound the whole episode. ``max_turns`` counts this episode's policy turns."""
+    ``max_errors`` bound the whole episode. ``max_turns`` counts this episode's policy turns. No list, or a message
+    whose content is not text, is the row's :class:`RowError`; the rest is checked where the prefix is replayed."""
+    if not isinstance(messages, list):
+        raise RowError("tau2_messages (the conversation before the turn) must be a list of tau2 messages")
     previous = None
-    for message in messages:
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("content") or "", str):
+            raise RowError(f"tau2_messages[{index}] is not a tau2 message with text content")
         role, calls = message.get("role"), message.get("tool_calls") or []
         if role == "tool":
             state.errors += bool(message.get("error"))

@@ -145,8 +145,8 @@ class EpisodeOrchestrator:
         state by the policy and the simulated user, scored by tau2's ``/verify``. The response is the pivot turn alone
         (what trains: PivotRL's response is the sampled turn); the whole trajectory is the answer's
         ``tau2_messages``."""
+        resume_conversation(state, state.row.get(TRAJECTORY_KEY))  # checked before the server replays it
         await self.session.fork_prefix(state)
-        resume_conversation(state, state.row[TRAJECTORY_KEY])
         agent_said(state, await self._policy_turn(state), self.settings)
         pivot_turn_items = len(state.outputs)
         await self._play_on(state)

@@ -97,11 +97,20 @@ def test_a_text_pivot_played_on_is_the_live_episode_and_a_text_that_skips_the_ta
     }  # fmt: skip
 
 
-def test_a_prefix_that_does_not_replay_is_refused(fresh_stack):
+def test_a_prefix_that_does_not_replay_or_is_not_tau2s_is_refused_with_its_reason(fresh_stack):
     status, live = fresh_stack.run("airline", TASKS["airline"])
     assert status == 200, live
-    pivot = copy.deepcopy(pivot_of("airline", TASKS["airline"], live["tau2_messages"]))
-    answer = next(m for m in pivot["tau2_messages"] if m["role"] == "tool")
-    answer["content"] = "an answer this data never gave"
-    status, body = fresh_stack.run_row(pivot, CONTINUING_AGENT)
-    assert status == 400 and "cannot be forked" in body["detail"] and "\n" not in body["detail"], body
+    pivot = pivot_of("airline", TASKS["airline"], live["tau2_messages"])
+    tampered = copy.deepcopy(pivot)
+    next(m for m in tampered["tau2_messages"] if m["role"] == "tool")["content"] = "an answer this data never gave"
+    not_text = copy.deepcopy(pivot)
+    not_text["tau2_messages"][1]["content"] = {"text": "hi"}
+    cases = [
+        (tampered, "cannot be forked"),
+        (not_text, "tau2_messages[1] is not a tau2 message with text content"),
+        ({key: value for key, value in pivot.items() if key != "tau2_messages"}, "must be a list of tau2 messages"),
+        (pivot | {"tau2_messages": "hi"}, "must be a list of tau2 messages"),
+    ]
+    for row, says in cases:
+        status, body = fresh_stack.run_row(row, CONTINUING_AGENT)
+        assert status == 400 and says in body["detail"] and "\n" not in body["detail"], body
