@@ -192,8 +192,11 @@ def test_async_grpo_with_max_age_1_raises_the_mean_reward(tiny_policy, start_rew
 
 
 def test_async_grpo_with_in_flight_updates_and_max_age_2_raises_the_mean_reward(tiny_policy, start_reward, tmp_path):
-    """Async GRPO with in-flight weight updates: each step's new weights reach episodes still running, whose later
-    turns report the new version; groups train up to two steps after their oldest turn's weights."""
+    """Async GRPO with in-flight weight updates learns: groups train up to two steps after their oldest turn's
+    weights, and the mean reward rises. Whether a load lands while episodes run here depends on how fast the box
+    generates against how fast it trains (on a box loaded to ~6, 3 workers, none did in 10 steps), so that it
+    reaches running episodes is checked where it is made to happen: test_in_flight_weight_update.py (end to end,
+    a load during a running episode) and test_async_collector.py (the collector's count of spanning groups)."""
     train_rows, _ = grpo.load_rows(_config(tmp_path, tiny_policy))
     margin_before = first_call_preference(tiny_policy, train_rows)
     run = _train_and_validate(
@@ -203,7 +206,6 @@ def test_async_grpo_with_in_flight_updates_and_max_age_2_raises_the_mean_reward(
     )  # fmt: skip
     history = run["history"]
     assert max(step["train/async/trajectory_age_max"] for step in history) <= 2
-    assert sum(step["train/async/groups_spanning_weight_updates"] for step in history) > 0, history
     assert run["after"] > start_reward + 0.15, (start_reward, run | {"history": None})
     assert run["margin"] > margin_before + 1.5, (margin_before, run["margin"])
 
