@@ -11,6 +11,7 @@ import time
 
 import requests
 
+from nemo_tau2.pivots.candidates import policy_items
 from nemo_tau2.tau2_release.trajectory import Trajectory
 
 
@@ -28,6 +29,21 @@ def play(http: requests.Session, url: str, action: dict, call_id: str = "") -> d
     answer = http.post(url + route, json=action["arguments"], headers={"X-Tool-Call-Id": call_id}, timeout=120)
     assert answer.status_code == 200, answer.text
     return {"content": answer.text, "error": answer.headers["X-Tau2-Tool-Error"] == "1"}
+
+
+VERDICT_KEYS = ("reward", "db_match", "action_match_fraction", "env_assertion_fraction", "communicate_fraction",
+                "num_tool_calls")  # fmt: skip
+
+
+def verify_body(row: dict, messages: list[dict]) -> dict:
+    """A ``/verify`` of the trajectory ``messages`` ended by the user: its texts as the policy saw them (what v0.2.1's
+    live verdict reads), its messages (what a re-scoring and v1.0.1 read)."""
+    return row | {
+        "tau2_messages": messages, "termination_reason": "user_stop",
+        "responses_create_params": {"input": policy_items(messages)},
+        "response": {"id": "r", "created_at": 0, "model": "m", "object": "response", "output": [],
+                     "parallel_tool_calls": True, "tool_choice": "auto", "tools": []},
+    }  # fmt: skip
 
 
 def fork(http: requests.Session, url: str, body: dict) -> requests.Response:
@@ -86,6 +102,14 @@ def check_forks(url: str, domain: str, task_id: str, actions: list[dict]) -> dic
     assert stored.json()["user_system_prompt"] and isinstance(stored.json()["user_tools"], list)  # a user plays on
     (rebuilt,) = adopted(url, stored)
     assert play(rebuilt, url, write) == once, "a fork of the stored prefix is not in the prefix's state"
+    # played on to the last gold action, the adopted fork scores as tau2 re-scores its trajectory without a session
+    # (pivot_text_reward: continue's path): the whole gold state, on both releases
+    live = rebuilt.post(f"{url}/verify", json=verify_body(row, trajectory.messages), timeout=300)
+    rescored = requests.post(f"{url}/verify", json=verify_body(row, trajectory.messages), timeout=300)
+    assert live.status_code == rescored.status_code == 200, (live.text, rescored.text)
+    verdicts = [{key: answer.json().get(key) for key in VERDICT_KEYS} for answer in (live, rescored)]
+    assert verdicts[0] == verdicts[1], verdicts
+    assert 1.0 in (verdicts[0]["db_match"], verdicts[0]["env_assertion_fraction"]), verdicts[0]
 
     tampered = copy.deepcopy(trajectory.messages)
     tampered[3]["content"] = "an answer this release never gave"  # the first call's answer (tau2_messages[3])
