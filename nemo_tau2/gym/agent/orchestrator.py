@@ -134,7 +134,12 @@ class EpisodeOrchestrator:
         action run in a fork of the pivot's state). No session is seeded: the server rebuilds the state per pivot."""
         state.tau2_version = state.row.get("tau2_version") or "v0.2.1"
         state.retrieval_variant = state.row.get("retrieval_variant")
-        if self.settings.pivot_text_reward == "continue" and (state.row[PIVOT_KEY] or {}).get("type") == "message":
+        expected = state.row[PIVOT_KEY]  # its shape is the server's to check (/verify_pivot's 400s)
+        if (
+            self.settings.pivot_text_reward == "continue"
+            and isinstance(expected, dict)
+            and expected.get("type") == "message"
+        ):
             return await self._continued_pivot(state)
         turn = await self._policy_turn(state)
         state.termination_reason = PIVOT_TERMINATION if turn is not None else "agent_error"

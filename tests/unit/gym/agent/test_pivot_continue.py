@@ -110,6 +110,7 @@ def test_a_prefix_that_does_not_replay_or_is_not_tau2s_is_refused_with_its_reaso
         (not_text, "tau2_messages[1] is not a tau2 message with text content"),
         ({key: value for key, value in pivot.items() if key != "tau2_messages"}, "must be a list of tau2 messages"),
         (pivot | {"tau2_messages": "hi"}, "must be a list of tau2 messages"),
+        (pivot | {"expected_action": "say hi"}, "expected_action"),  # not an action: the server's 400, as ever
     ]
     for row, says in cases:
         status, body = fresh_stack.run_row(row, CONTINUING_AGENT)
