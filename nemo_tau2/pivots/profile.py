@@ -6,6 +6,10 @@ server's functional verdict (``/verify_pivot``: the action run in a fork of the 
 when its rewards vary (some samples right, some wrong) and their mean is below ``max_mean``: PivotRL's filter (a turn
 the policy always gets right, or never, teaches nothing to GRPO).
 
+Through an agent server instead (:class:`AgentProfiler`), each sample is the pivot row's rollout as training plays
+it: the agent's policy, and its ``pivot_text_reward`` (``continue``: a text pivot played on and scored by tau2's
+reward, which a verdict alone cannot give).
+
 The profile is one JSON line per candidate, written as each finishes (``<pivots>.profile.jsonl`` by default):
 ``status`` ``ok`` (rewards, categories, the sampled actions, mean, variance, ``kept``), ``refused`` (the server
 could not rebuild its state: the reason; never retried) or ``error`` (the endpoint or the server failed:
@@ -114,15 +118,19 @@ class Profiler:
                 raise PolicyError(f"/verify_pivot answered {answer.status}: {(await answer.text())[:200]}")
             return await answer.json()
 
-    async def one_sample(self, http: aiohttp.ClientSession, pivot: dict[str, Any]) -> dict[str, Any]:
+    async def judged_sample(self, http: aiohttp.ClientSession, pivot: dict[str, Any], index: int) -> tuple[dict, list]:
+        """One sample's verdict (``reward``, ``category``) and its output items."""
+        output = await self.sample(http, pivot)
+        return await self.verify(http, pivot, output), output
+
+    async def one_sample(self, http: aiohttp.ClientSession, pivot: dict[str, Any], index: int) -> dict[str, Any]:
         for attempt in range(1, self.endpoint.attempts + 1):  # a retry is safe: sampling and verdicts are pure
             try:
-                output = await self.sample(http, pivot)
-                judged = await self.verify(http, pivot, output)
+                judged, output = await self.judged_sample(http, pivot, index)
                 action = action_of_output(output)
                 return {"reward": judged["reward"], "category": judged["category"],
                         "action": action.model_dump() if action is not None else None}  # fmt: skip
-            except (TimeoutError, aiohttp.ClientError, PolicyError, KeyError, IndexError) as e:
+            except (TimeoutError, aiohttp.ClientError, PolicyError, KeyError, IndexError, TypeError) as e:
                 if attempt == self.endpoint.attempts:
                     raise PolicyError(f"{type(e).__name__}: {e}") from e
                 await asyncio.sleep(0.5 * attempt)
@@ -132,7 +140,7 @@ class Profiler:
         line = {key: pivot.get(key) for key in ("pivot_id", "domain", "task_id", "turn", "split")}
         line["expected_type"] = pivot["expected_action"]["type"]
         try:
-            samples = await asyncio.gather(*(self.one_sample(http, pivot) for _ in range(self.settings.samples)))
+            samples = await asyncio.gather(*(self.one_sample(http, pivot, k) for k in range(self.settings.samples)))
         except PivotRefused as e:
             return line | {"status": REFUSED, "detail": str(e)}
         except PolicyError as e:
@@ -141,6 +149,30 @@ class Profiler:
         categories, actions = [sample["category"] for sample in samples], [sample["action"] for sample in samples]
         settled = {"status": OK, "rewards": rewards, "categories": categories, "actions": actions}
         return line | settled | verdict_of(rewards, self.settings)
+
+
+class AgentProfiler(Profiler):
+    """Profiles through a tau2 agent server's ``/run``: each sample is the rollout training makes of the pivot row
+    (the agent's policy model, and its ``pivot_text_reward``: a text pivot played on and scored by tau2's reward in
+    mode ``continue``). ``endpoint.base_url`` is the agent's URL; its sampling settings go into the row."""
+
+    def __init__(self, endpoint: Endpoint, settings: ProfileSettings):
+        super().__init__(endpoint, endpoint.base_url, settings)
+
+    async def judged_sample(self, http: aiohttp.ClientSession, pivot: dict[str, Any], index: int) -> tuple[dict, list]:
+        endpoint = self.endpoint
+        sampling = {"temperature": endpoint.temperature, "top_p": endpoint.top_p,
+                    "max_output_tokens": endpoint.max_tokens}  # fmt: skip
+        row = pivot | {"responses_create_params": pivot["responses_create_params"] | sampling, "sample_index": index}
+        async with http.post(f"{self.verify_url}/run", data=orjson.dumps(row),
+                             headers={"Content-Type": "application/json"}) as answer:  # fmt: skip
+            if 400 <= answer.status < 500:
+                raise PivotRefused((await answer.json()).get("detail", f"HTTP {answer.status}"))
+            if answer.status != 200:
+                raise PolicyError(f"the agent's /run answered {answer.status}: {(await answer.text())[:200]}")
+            result = await answer.json()
+        judged = {"reward": result["reward"], "category": result["reward_info"]["pivot"]["category"]}
+        return judged, result["response"]["output"]
 
 
 class PolicyError(RuntimeError):
