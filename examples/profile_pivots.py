@@ -13,8 +13,8 @@ plays a text pivot on with the simulated user and scores tau2's reward).
     uv run examples/profile_pivots.py --pivots data/pivots.jsonl --output data/pivots.kept.jsonl \\
         --agent-url http://127.0.0.1:9100 --samples 8
 
-The profile is written beside the pivots as it goes (``<pivots>.profile.jsonl``); a rerun (after Ctrl-C, a crash, an endpoint outage) profiles only what is left. Ends
-with a table per domain and a JSON line. Errors: one line, exit 2.
+The profile is written beside the pivots as it goes (``<pivots>.profile.jsonl``); a rerun (after Ctrl-C, a crash, an
+endpoint outage) profiles only what is left. Ends with a table per domain and a JSON line. Errors: one line, exit 2.
 """
 
 import argparse
