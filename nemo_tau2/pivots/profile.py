@@ -110,13 +110,7 @@ class Profiler:
 
     async def verify(self, http: aiohttp.ClientSession, pivot: dict[str, Any], output: list[dict]) -> dict:
         body = pivot | {"response": RESPONSE_SHELL | {"model": self.endpoint.model, "output": output}}
-        async with http.post(f"{self.verify_url}/verify_pivot", data=orjson.dumps(body),
-                             headers={"Content-Type": "application/json"}) as answer:  # fmt: skip
-            if 400 <= answer.status < 500:
-                raise PivotRefused((await answer.json()).get("detail", f"HTTP {answer.status}"))
-            if answer.status != 200:
-                raise PolicyError(f"/verify_pivot answered {answer.status}: {(await answer.text())[:200]}")
-            return await answer.json()
+        return await post_pivot(http, f"{self.verify_url}/verify_pivot", body, "/verify_pivot")
 
     async def judged_sample(self, http: aiohttp.ClientSession, pivot: dict[str, Any], index: int) -> tuple[dict, list]:
         """One sample's verdict (``reward``, ``category``) and its output items."""
@@ -164,15 +158,20 @@ class AgentProfiler(Profiler):
         sampling = {"temperature": endpoint.temperature, "top_p": endpoint.top_p,
                     "max_output_tokens": endpoint.max_tokens}  # fmt: skip
         row = pivot | {"responses_create_params": pivot["responses_create_params"] | sampling, "sample_index": index}
-        async with http.post(f"{self.verify_url}/run", data=orjson.dumps(row),
-                             headers={"Content-Type": "application/json"}) as answer:  # fmt: skip
-            if 400 <= answer.status < 500:
-                raise PivotRefused((await answer.json()).get("detail", f"HTTP {answer.status}"))
-            if answer.status != 200:
-                raise PolicyError(f"the agent's /run answered {answer.status}: {(await answer.text())[:200]}")
-            result = await answer.json()
+        result = await post_pivot(http, f"{self.verify_url}/run", row, "the agent's /run")
         judged = {"reward": result["reward"], "category": result["reward_info"]["pivot"]["category"]}
         return judged, result["response"]["output"]
+
+
+async def post_pivot(http: aiohttp.ClientSession, url: str, body: dict[str, Any], what: str) -> dict[str, Any]:
+    """POST a pivot row (with a sample) to a tau2 server; its answer. A 4xx refuses the pivot (never retried), any
+    other failure is infrastructure."""
+    async with http.post(url, data=orjson.dumps(body), headers={"Content-Type": "application/json"}) as answer:
+        if 400 <= answer.status < 500:
+            raise PivotRefused((await answer.json()).get("detail", f"HTTP {answer.status}"))
+        if answer.status != 200:
+            raise PolicyError(f"{what} answered {answer.status}: {(await answer.text())[:200]}")
+        return await answer.json()
 
 
 class PolicyError(RuntimeError):
