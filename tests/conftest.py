@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 import nemo_tau2  # noqa: F401
+from nemo_tau2.gym.fork_template import TEMPLATE_ENV, ForkTemplate
+from nemo_tau2.gym.stack import tau2_stack_classes
 from tests import env_python
 
 UNIT = Path(__file__).resolve().parent / "unit"
@@ -227,6 +229,28 @@ def pytest_collection_modifyitems(config, items):
     first_seen = {group: index for index, group in reversed(list(enumerate(groups)))}
     order = {id(item): (-estimate_s[group], first_seen[group]) for group, item in zip(groups, items, strict=True)}
     items.sort(key=lambda item: order[id(item)])  # stable: a group's tests stay together, in file order
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fork_template(tmp_path_factory):
+    """One fork template per test process (nemo_tau2/gym/fork_template.py): every Gym stack this process or the
+    launchers it starts (run_eval.py, run_grpo.py, ...) start forks its fork server from it, imports done, instead of
+    importing the server classes again (6-9 s of CPU each, ~70 stacks a CI run). Set ``NEMO_TAU2_FORK_TEMPLATE=''``
+    to run every stack as a user's run does (gym/test_fork_template.py checks that path and this one alike)."""
+    if TEMPLATE_ENV in os.environ:
+        yield None
+        return
+    folder = tmp_path_factory.mktemp("fork_template")
+    classes = sorted(
+        {*tau2_stack_classes("vllm_model", "fast_vllm_model"), *tau2_stack_classes("openai_model", "openai_model")}
+    )
+    template = ForkTemplate(folder / "template.sock", classes, folder / "template.log")
+    os.environ[TEMPLATE_ENV] = str(folder / "template.sock")
+    try:
+        yield template
+    finally:
+        os.environ.pop(TEMPLATE_ENV, None)
+        template.stop()
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's, which NeMo-Gym 0.7.0's environment has not

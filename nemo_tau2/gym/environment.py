@@ -30,6 +30,7 @@ from nemo_tau2.generation.launch import GenerationHandle, register_api_key, star
 from nemo_tau2.generation.validation import GymGenerationConfig
 from nemo_tau2.gym.episode_config import CLUSTER_FOR_REPLICAS, EpisodeSettings, NemoGymEnvConfig, UserSimulatorConfig
 from nemo_tau2.gym.fork_server import ForkServer
+from nemo_tau2.gym.fork_template import fork_template_path
 from nemo_tau2.gym.launch import FORK_SERVER_LOG, GymServers
 from nemo_tau2.gym.ray_servers import RayGymServers
 from nemo_tau2.gym.replica_health import AgentReplicas
@@ -130,7 +131,9 @@ class Tau2Environment:
             fork_server = None  # local servers: started first, so that its imports overlap the endpoints' start
             if not on_ray:
                 fork_server = ForkServer(
-                    tau2_stack_classes(gym.policy_model_server, gym.user_model_server), log_dir / FORK_SERVER_LOG
+                    tau2_stack_classes(gym.policy_model_server, gym.user_model_server),
+                    log_dir / FORK_SERVER_LOG,
+                    template=fork_template_path(),
                 )
                 self._stack.callback(fork_server.stop)  # until the servers own it (stopping twice is harmless)
             if isinstance(self.spec.policy, GenerationHandle):

@@ -69,26 +69,81 @@ def _receive(sock: socket.socket, max_fds: int = 0) -> tuple[dict | None, list[i
 
 # ====================================================================== launcher side
 
+_TEMPLATE_WAIT_S = 180.0  # a template still importing (the session's first stack) answers when it is done
+
+
+class TemplateFork:
+    """A fork server forked by a fork template: the template's child, not this process's, so its end is read from a
+    pidfd and its exit code is the template's to reap (and log): ``returncode`` is 0 once it has ended. What
+    :class:`ForkServer` uses of a ``subprocess.Popen``."""
+
+    def __init__(self, pid: int, control: socket.socket):
+        self.pid, self.control, self.returncode = pid, control, None
+        self._pidfd = os.pidfd_open(pid)
+
+    def poll(self) -> int | None:
+        if self.returncode is None and select.select([self._pidfd], [], [], 0)[0]:
+            self.returncode = 0
+            os.close(self._pidfd)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None and not select.select([self._pidfd], [], [], timeout)[0]:
+            raise subprocess.TimeoutExpired("fork server", timeout)
+        return self.poll()
+
+
+def _fork_from_template(path: str, preload: list[str], env: dict[str, str], log_path: Path) -> TemplateFork | None:
+    """Ask the fork template at ``path`` for a fork server; None where it cannot give one (then start it anew)."""
+    control = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        control.connect(path)
+        request = {"preload": preload, "env": env, "cwd": os.getcwd(), "python": sys.executable, "prefix": sys.prefix}
+        launcher = os.pidfd_open(os.getpid())  # the fork server ends with this process, as PDEATHSIG would have it
+        try:
+            with open(log_path, "ab") as log:
+                _send(control, request, [log.fileno(), launcher])
+        finally:
+            os.close(launcher)
+        message = _receive(control)[0] if select.select([control], [], [], _TEMPLATE_WAIT_S)[0] else None
+        if message and message.get("event") == "forked":
+            return TemplateFork(message["pid"], control)
+    except OSError:
+        pass
+    control.close()
+    return None
+
 
 class ForkServer:
     """Handle on a running fork server; :meth:`spawn` starts a server process from it."""
 
-    def __init__(self, preload: list[str], log_path: Path, env: dict[str, str] | None = None):
-        """Start the fork server, which imports ``preload`` (``module:Class`` paths) in the background."""
+    def __init__(
+        self, preload: list[str], log_path: Path, env: dict[str, str] | None = None, template: str | None = None
+    ):
+        """Start the fork server, which imports ``preload`` (``module:Class`` paths) in the background.
+
+        ``template``: the socket of a fork template (:mod:`nemo_tau2.gym.fork_template`) to fork the fork server from,
+        its imports done, instead of starting an interpreter. Where the template cannot (it is gone, or it runs
+        another interpreter than this process), the fork server starts as without one."""
         self.log_path = Path(log_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._socket, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._names: dict[int, str] = {}
         self._exits: list[ServerExit] = []
         self._ready = False
         self._stopped = False
         self.preload_s: float | None = None
+        environment = child_environment(
+            (env or {}) | {"PYTHONUNBUFFERED": "1", "OPENBLAS_NUM_THREADS": "1"}, drop_secret_names=True
+        )
+        forked = _fork_from_template(template, preload, environment, self.log_path) if template else None
+        if forked is not None:
+            self.process, self._socket = forked, forked.control
+            return
+        self._socket, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with theirs, open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "nemo_tau2.gym.fork_server", str(theirs.fileno()), *preload],
-                env=child_environment(
-                    (env or {}) | {"PYTHONUNBUFFERED": "1", "OPENBLAS_NUM_THREADS": "1"}, drop_secret_names=True
-                ),
+                env=environment,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 pass_fds=[theirs.fileno()],
@@ -260,7 +315,12 @@ def _reap(children: dict[int, str], control: socket.socket | None) -> None:
 
 
 def main(argv: list[str]) -> None:
-    control = socket.socket(fileno=int(argv[0]))
+    serve(socket.socket(fileno=int(argv[0])), argv[1:])
+
+
+def serve(control: socket.socket, preload: list[str], launcher_pidfd: int | None = None) -> None:
+    """The fork server: import ``preload``, answer ``ready``, then fork a server per request on ``control`` until the
+    launcher closes it, its lease ends, or (forked from a template) ``launcher_pidfd`` says the launcher has ended."""
     signal.signal(signal.SIGTERM, _raise_stop)  # the launcher died (PDEATHSIG) or someone stops us
     children: dict[int, str] = {}
     try:
@@ -270,7 +330,7 @@ def main(argv: list[str]) -> None:
             from nemo_tau2.gym.serving import preload_class, preload_serving
 
             preload_serving()
-            for path in argv[1:]:
+            for path in preload:
                 preload_class(path)
         except Exception as e:
             traceback.print_exc()
@@ -280,11 +340,15 @@ def main(argv: list[str]) -> None:
             names = [thread.name for thread in threading.enumerate()]
             _send(control, {"event": "error", "error": f"threads running after the imports: {names}"})
             return
-        print(f"imported {len(argv) - 1} server classes in {time.perf_counter() - began:.1f} s", flush=True)
+        print(f"imported {len(preload)} server classes in {time.perf_counter() - began:.1f} s", flush=True)
         _send(control, {"event": "ready", "preload_s": round(time.perf_counter() - began, 3)})
         lease = os.environ.get(LEASE_FILE_ENV)
+        watched = [control] if launcher_pidfd is None else [control, launcher_pidfd]
         while not (lease and lease_expired(lease)):  # the head stopped renewing: stop the servers, end
-            if select.select([control], [], [], 0.2)[0]:
+            readable = select.select(watched, [], [], 0.2)[0]
+            if launcher_pidfd in readable:
+                break  # the launcher has ended (a template's fork has no PDEATHSIG tied to it)
+            if control in readable:
                 message, fds = _receive(control, max_fds=2)
                 if message is None:
                     break  # the launcher is done (or gone)

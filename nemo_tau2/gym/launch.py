@@ -30,6 +30,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from nemo_tau2.gym.fork_server import ForkServer, ForkServerError, ServerExit
+from nemo_tau2.gym.fork_template import fork_template_path
 from nemo_tau2.gym.replica_health import ReplicaHealth
 from nemo_tau2.gym.serving import CONFIG_DICT_ENV
 from nemo_tau2.processes import is_secret_key, register_secret
@@ -166,7 +167,9 @@ class GymServers:
         secrets = self._prepare()
         if self._fork_server is None:
             classes = sorted({spec.server_class for spec in self.specs})
-            self._fork_server = ForkServer(classes, self.log_dir / FORK_SERVER_LOG, self.extra_env)
+            self._fork_server = ForkServer(
+                classes, self.log_dir / FORK_SERVER_LOG, self.extra_env, template=fork_template_path()
+            )
         try:
             config_env = {CONFIG_DICT_ENV: OmegaConf.to_yaml(self.global_config)}
             for spec in self.specs:

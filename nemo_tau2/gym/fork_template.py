@@ -1,0 +1,165 @@
+"""A fork template: one warm process from which fork servers are forked, their imports already done.
+
+A fork server (:mod:`nemo_tau2.gym.fork_server`) imports the server classes once per Gym stack: 6-9 s of CPU on an
+idle 2-core box, more on a busy one. A run starts one stack and pays it once. A test session starts a stack in most
+modules, about seventy in all, and paid it about seventy times over (~400 CPU-s of the suite's ~2,600 measured by
+process accounting). The template imports the server classes once per test worker; each stack's fork server is then
+a ``fork()`` of it, ready at once.
+
+The launcher's side is unchanged but for one argument: ``ForkServer(..., template=fork_template_path())``. The
+template is found through :data:`TEMPLATE_ENV` (a Unix socket's path), which only the test session sets
+(``tests/conftest.py``); a launcher without it, or one whose interpreter is not the template's, starts its fork server
+as an interpreter of its own. Ray-placed servers never use it (their fork server is their node actor's child).
+
+What a forked fork server gets, so that it is the fork server a fresh interpreter would have been:
+- the launcher's environment (``child_environment``'s, sent, never inherited from the template), working directory,
+  log file and its own session (process group);
+- a pidfd of the launcher: it ends when the launcher ends, as ``PR_SET_PDEATHSIG`` makes a fresh one end (its parent
+  is the template, with which it also ends);
+- the launcher's control socket (the connection itself): the protocol after ``forked`` is the fork server's own.
+Secrets never pass through the template: they go from the launcher to each server through a pipe, as before.
+"""
+
+import contextlib
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from nemo_tau2.gym.fork_server import _receive, _send, serve
+from nemo_tau2.processes import child_environment, die_with_parent
+
+TEMPLATE_ENV = "NEMO_TAU2_FORK_TEMPLATE"
+
+
+def fork_template_path() -> str | None:
+    """The fork template this process's stacks fork their fork servers from (``None``: none, the default)."""
+    return os.environ.get(TEMPLATE_ENV) or None
+
+
+class ForkTemplate:
+    """Start a fork template listening on ``socket_path``, importing ``preload`` (``module:Class`` paths) at once;
+    it ends with this process or at :meth:`stop` (its forked fork servers with it)."""
+
+    def __init__(self, socket_path: Path, preload: list[str], log_path: Path):
+        self.socket_path = Path(socket_path)
+        with open(log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "nemo_tau2.gym.fork_template", str(self.socket_path), *preload],
+                env=child_environment({"PYTHONUNBUFFERED": "1", "OPENBLAS_NUM_THREADS": "1"}, drop_secret_names=True),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=die_with_parent,
+            )
+        deadline = time.monotonic() + 30  # it listens before it imports: launchers then queue, not start their own
+        while not self.socket_path.exists() and self.process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+def _become_fork_server(control: socket.socket, request: dict, log_fd: int, launcher_pidfd: int) -> None:
+    """In the forked child: take the launcher's environment, folder and log, then serve as its fork server."""
+    code = 1
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        os.setsid()
+        die_with_parent()  # the template's end ends it too
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        os.close(log_fd)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.chdir(request["cwd"])
+        sys.path[0] = request["cwd"]  # where ``python -m`` in that folder would have looked first
+        extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+        sys.path[1:1] = extra
+        _send(control, {"event": "forked", "pid": os.getpid()})
+        serve(control, request["preload"], launcher_pidfd)
+        code = 0
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        print(f"fork server pid {pid} exited with code {os.waitstatus_to_exitcode(status)}", flush=True)
+
+
+def _answer(listener: socket.socket) -> None:
+    """One launcher's request: fork a fork server for it, or refuse (it then starts one of its own)."""
+    connection, _ = listener.accept()
+    with connection:
+        message, fds = _receive(connection, max_fds=2)
+        if message is None or len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            return
+        log_fd, launcher_pidfd = fds
+        if (message["python"], message["prefix"]) != (sys.executable, sys.prefix):
+            _send(connection, {"event": "refused", "reason": f"another interpreter: {message['python']}"})
+        elif os.fork() == 0:
+            listener.close()
+            _become_fork_server(connection, message, log_fd, launcher_pidfd)
+        os.close(log_fd)
+        os.close(launcher_pidfd)
+
+
+def main(argv: list[str]) -> None:
+    socket_path, preload = argv[0], argv[1:]
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(socket_path)
+    listener.bind(socket_path)  # before the imports: a launcher that comes early waits for them, queued
+    os.chmod(socket_path, 0o600)
+    listener.listen(64)
+    import warnings
+
+    began = time.perf_counter()
+    import nemo_tau2  # noqa: F401  (offline settings before tau2 loads litellm)
+    from nemo_tau2.gym.serving import preload_class, preload_serving
+
+    preload_serving()
+    for path in preload:
+        preload_class(path)
+    print(f"imported {len(preload)} server classes in {time.perf_counter() - began:.1f} s", flush=True)
+    warnings.filterwarnings("ignore", "This process .* is multi-threaded", DeprecationWarning)  # native threads
+    try:
+        while True:
+            if select.select([listener], [], [], 0.5)[0]:
+                _answer(listener)
+            _reap()
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(socket_path)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
