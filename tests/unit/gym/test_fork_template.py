@@ -1,0 +1,124 @@
+"""The fork template (nemo_tau2/gym/fork_template.py) the test session forks its stacks' fork servers from: a fork of
+it is the fork server a fresh interpreter would have been for that launcher (the launcher's environment, folder and
+log; its own session; it ends with the launcher), and where the template cannot serve a launcher (gone, another
+interpreter) the launcher starts a fork server of its own, as a user's run always does."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+
+from nemo_tau2.gym.fork_server import ForkServer, TemplateFork, _fork_from_template
+from nemo_tau2.gym.fork_template import TEMPLATE_ENV, ForkTemplate
+from nemo_tau2.gym.stack import RESOURCES_SERVER_CLASS
+from nemo_tau2.request_guard import RUN_ID_ENV, RUN_ID_HEADER
+from tests.process_state import gone
+
+REPO = Path(__file__).resolve().parents[3]
+
+# a launcher as a user's script is one: its own folder, and a run id (an environment variable the test session does not
+# have, which its servers read: a request naming another run is refused, naming theirs)
+LAUNCHER = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from nemo_tau2.gym.launch import GymServers, ServerSpec
+
+    spec = ServerSpec("tau2_resources_server", "resources_servers", "tau2",
+                      "nemo_tau2.gym.resources_server.app:Tau2ResourcesServer", {"domain": "agent"})
+    servers = GymServers([spec], log_dir=sys.argv[1]).start()
+    fork_server = servers._fork_server
+    sleeper = os.fork()  # holds the launcher's end of the control socket: its closing cannot say the launcher ended
+    if sleeper == 0:
+        time.sleep(600)
+        os._exit(0)
+    print(json.dumps({"pids": servers.process_ids(), "fork_server": fork_server.process.pid, "sleeper": sleeper,
+                      "preload_s": fork_server.preload_s, "url": servers.url(spec.name)}), flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def _launch(tmp_path: Path, template: str) -> tuple[subprocess.Popen, dict]:
+    env = os.environ | {TEMPLATE_ENV: template, RUN_ID_ENV: "the-launchers-run"}
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER, str(tmp_path / "logs")],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    return launcher, json.loads(launcher.stdout.readline())
+
+
+def _wait_gone(pids: list[int], what: str) -> None:
+    deadline = time.monotonic() + 15
+    while not all(gone(pid) for pid in pids):
+        assert time.monotonic() < deadline, f"{what}: {[pid for pid in pids if not gone(pid)]}"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("mode", ["template", "own interpreter"])
+def test_a_stack_forked_from_the_template_is_the_one_a_fresh_fork_server_starts(fork_template, tmp_path, mode):
+    """Either way: the server answers, has the launcher's environment and folder, is in a session of its own, and
+    a killed launcher takes the fork server and the server with it, even where a process it forked still holds its
+    end of the control socket. From the template, the fork server is the
+    template's child and spends nothing on imports."""
+    template = str(fork_template.socket_path) if mode == "template" else ""
+    launcher, started = _launch(tmp_path, template)
+    try:
+        assert requests.get(started["url"] + "/session_stats", timeout=30).ok
+        refused = requests.get(started["url"] + "/session_stats", headers={RUN_ID_HEADER: "another"}, timeout=30)
+        assert refused.status_code == 409 and "the-launchers-run" in refused.text, refused.text
+        fork_server = psutil.Process(started["fork_server"])
+        (server,) = set(started["pids"]) - {fork_server.pid}
+        if mode == "template":
+            assert fork_server.ppid() == fork_template.process.pid and started["preload_s"] < 1.0, started
+        else:
+            assert fork_server.ppid() == launcher.pid and started["preload_s"] > 1.0, started
+        for process in (fork_server, psutil.Process(server)):
+            assert Path(process.cwd()) == tmp_path
+            assert os.getpgid(process.pid) == process.pid  # its own process group, as start_new_session gives
+        assert (tmp_path / "logs" / "tau2_resources_server.log").stat().st_size > 0
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait(timeout=30)
+        _wait_gone(started["pids"], f"orphans after the launcher was killed ({mode})")
+    finally:
+        launcher.kill()
+        launcher.wait()
+        os.kill(started["sleeper"], signal.SIGKILL)
+
+
+def test_a_launcher_the_template_cannot_serve_starts_its_own_fork_server(tmp_path, monkeypatch):
+    """Another interpreter than the template's is refused (its imports would be another environment's); a template
+    that has ended is not there to ask. Either way the fork server starts as an interpreter of its own."""
+    template = ForkTemplate(tmp_path / "t.sock", [RESOURCES_SERVER_CLASS], tmp_path / "template.log")
+    try:
+        with monkeypatch.context() as patched:
+            patched.setattr(sys, "executable", "/usr/bin/python3")
+            assert _fork_from_template(str(template.socket_path), [], {}, tmp_path / "refused.log") is None
+        forked = ForkServer([RESOURCES_SERVER_CLASS], tmp_path / "forked.log", template=str(template.socket_path))
+        try:
+            assert isinstance(forked.process, TemplateFork)
+            forked.wait_ready(timeout_s=300)
+        finally:
+            forked.stop()
+        assert forked.process.poll() is not None
+    finally:
+        template.stop()
+    assert template.process.returncode is not None and not template.socket_path.exists()
+    own = ForkServer([RESOURCES_SERVER_CLASS], tmp_path / "own.log", template=str(template.socket_path))
+    try:
+        assert isinstance(own.process, subprocess.Popen)
+        own.wait_ready(timeout_s=300)
+        assert own.preload_s > 1.0
+    finally:
+        own.stop()
