@@ -122,7 +122,6 @@ EXTENDED_MODULES = frozenset(
         "tau2_release/test_stored_rollout_tools.py",  # 0.7.0's and tau2's CLIs on an export (CI: the export's own)
         "tau2_release/test_banking_report.py",  # the report on banking (CI: the report package's own evaluations)
         # and, from the same run's rate (~2 worker-s a second, 24% of the tests at 63 min), these
-        "gym/test_nemo_rl_client.py",  # NeMo-RL's own code on its pinned Gym, four runs (CI: our Gym path's own)
         "evals/test_eval_vllm.py",  # an eval on the real vLLM engine (CI: the engine in test_vllm_live.py)
         "algorithms/test_grpo_vllm.py",  # GRPO on the real vLLM engine (CI: the engine, and GRPO on the fake)
         "tau2_release/test_banking_variants.py",  # every offline variant against tau2 (CI: dense, shell, knowledge)

@@ -66,14 +66,22 @@ def _wait_gone(pids: list[int], what: str) -> None:
         time.sleep(0.05)
 
 
+@pytest.fixture(scope="module")
+def template(tmp_path_factory):
+    """A template of this module's own: the session's may be turned off (``NEMO_TAU2_FORK_TEMPLATE=''``)."""
+    folder = tmp_path_factory.mktemp("template")
+    started = ForkTemplate(folder / "t.sock", [RESOURCES_SERVER_CLASS], folder / "template.log")
+    yield started
+    started.stop()
+
+
 @pytest.mark.parametrize("mode", ["template", "own interpreter"])
-def test_a_stack_forked_from_the_template_is_the_one_a_fresh_fork_server_starts(fork_template, tmp_path, mode):
+def test_a_stack_forked_from_the_template_is_the_one_a_fresh_fork_server_starts(template, tmp_path, mode):
     """Either way: the server answers, has the launcher's environment and folder, is in a session of its own, and
     a killed launcher takes the fork server and the server with it, even where a process it forked still holds its
     end of the control socket. From the template, the fork server is the
     template's child and spends nothing on imports."""
-    template = str(fork_template.socket_path) if mode == "template" else ""
-    launcher, started = _launch(tmp_path, template)
+    launcher, started = _launch(tmp_path, str(template.socket_path) if mode == "template" else "")
     try:
         assert requests.get(started["url"] + "/session_stats", timeout=30).ok
         refused = requests.get(started["url"] + "/session_stats", headers={RUN_ID_HEADER: "another"}, timeout=30)
@@ -81,7 +89,7 @@ def test_a_stack_forked_from_the_template_is_the_one_a_fresh_fork_server_starts(
         fork_server = psutil.Process(started["fork_server"])
         (server,) = set(started["pids"]) - {fork_server.pid}
         if mode == "template":
-            assert fork_server.ppid() == fork_template.process.pid and started["preload_s"] < 1.0, started
+            assert fork_server.ppid() == template.process.pid and started["preload_s"] < 1.0, started
         else:
             assert fork_server.ppid() == launcher.pid and started["preload_s"] > 1.0, started
         for process in (fork_server, psutil.Process(server)):
