@@ -34,6 +34,7 @@ from nemo_tau2.gym.fork_server import _receive, _send, serve
 from nemo_tau2.processes import child_environment, die_with_parent
 
 TEMPLATE_ENV = "NEMO_TAU2_FORK_TEMPLATE"
+_WAKE: tuple[int, int] = (-1, -1)  # the template's self-pipe for SIGCHLD (main)
 
 
 def fork_template_path() -> str | None:
@@ -75,7 +76,10 @@ def _become_fork_server(control: socket.socket, request: dict, log_fd: int, laun
     """In the forked child: take the launcher's environment, folder and log, then serve as its fork server."""
     code = 1
     try:
+        signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for fd in _WAKE:
+            os.close(fd)
         os.setsid()
         die_with_parent()  # the template's end ends it too
         os.dup2(log_fd, 1)
@@ -132,7 +136,11 @@ def _answer(listener: socket.socket) -> None:
 
 
 def main(argv: list[str]) -> None:
+    global _WAKE
     socket_path, preload = argv[0], argv[1:]
+    _WAKE = os.pipe()
+    for fd in _WAKE:
+        os.set_blocking(fd, False)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     with contextlib.suppress(FileNotFoundError):
@@ -151,9 +159,16 @@ def main(argv: list[str]) -> None:
         preload_class(path)
     print(f"imported {len(preload)} server classes in {time.perf_counter() - began:.1f} s", flush=True)
     warnings.filterwarnings("ignore", "This process .* is multi-threaded", DeprecationWarning)  # native threads
+    # an ended fork is reaped at once (no zombie for long): its SIGCHLD wakes the loop through this pipe
+    signal.set_wakeup_fd(_WAKE[1])
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
     try:
         while True:
-            if select.select([listener], [], [], 0.5)[0]:
+            readable = select.select([listener, _WAKE[0]], [], [], 0.5)[0]
+            if _WAKE[0] in readable:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(_WAKE[0], 4096)
+            if listener in readable:
                 _answer(listener)
             _reap()
     finally:
