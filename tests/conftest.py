@@ -78,6 +78,7 @@ SLOW_MODULES = frozenset(
         "gym/test_nemo_gym_0_7.py",
         # NeMo-RL's own Gym path in its environment, starting our servers through NeMo-Gym (each builds their venvs)
         "gym/test_nemo_rl_client.py",
+        "gym/test_nemo_rl_client_episodes.py",
         "gym/test_nemo_rl_client_gym04.py",
         # Megatron process groups
         "models/megatron/test_conversion.py",
@@ -114,6 +115,7 @@ EXTENDED_MODULES = frozenset(
     {
         "test_peer_bench.py",  # the peer bench's quick run (NeMo-Gym 0.7.0's own tau2 agent beside ours): a benchmark
         "gym/test_nemo_rl_client_gym04.py",  # NeMo-RL's own Gym path on Gym 0.4.0 (CI runs it on its pinned Gym)
+        "gym/test_nemo_rl_client_episodes.py",  # NeMo-RL's episode configs (CI: its pivot config, same path and Gym)
         "algorithms/test_pipeline.py",  # the shipped CPU pipeline chained (CI runs SFT, RFT and GRPO each)
         "tau2_release/test_tau2_submit_full.py",  # tau2 submit on every base task (CI: on a seven-task eval)
         # stop 61 (this box, 2026-12-02): the suite had grown to ~9,700 worker-s, ~87 min of CI's 90; these repeat
