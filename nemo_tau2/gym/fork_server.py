@@ -276,10 +276,15 @@ def _serve_in_child(control: socket.socket, message: dict, log_fd: int, secrets_
     except BaseException:
         traceback.print_exc()
     finally:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
+        flush_and_exit(code)
+
+
+def flush_and_exit(code: int) -> None:
+    """End a forked child: what it printed reaches its log, and nothing of the parent's (atexit, buffers) runs."""
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
 
 
 def _stop_children(children: dict[int, str], control: socket.socket | None) -> None:
@@ -318,20 +323,29 @@ def main(argv: list[str]) -> None:
     serve(socket.socket(fileno=int(argv[0])), argv[1:])
 
 
+def import_server_classes(preload: list[str]) -> float:
+    """Import what serving needs and the ``preload`` classes (``module:Class``); the seconds it took, also printed.
+    Once per fork server, or once per fork template for all the fork servers forked from it."""
+    began = time.perf_counter()
+    import nemo_tau2  # noqa: F401  (offline settings before tau2 loads litellm)
+    from nemo_tau2.gym.serving import preload_class, preload_serving
+
+    preload_serving()
+    for path in preload:
+        preload_class(path)
+    seconds = time.perf_counter() - began
+    print(f"imported {len(preload)} server classes in {seconds:.1f} s", flush=True)
+    return seconds
+
+
 def serve(control: socket.socket, preload: list[str], launcher_pidfd: int | None = None) -> None:
     """The fork server: import ``preload``, answer ``ready``, then fork a server per request on ``control`` until the
     launcher closes it, its lease ends, or (forked from a template) ``launcher_pidfd`` says the launcher has ended."""
     signal.signal(signal.SIGTERM, _raise_stop)  # the launcher died (PDEATHSIG) or someone stops us
     children: dict[int, str] = {}
     try:
-        began = time.perf_counter()
         try:
-            import nemo_tau2  # noqa: F401  (offline settings before tau2 loads litellm)
-            from nemo_tau2.gym.serving import preload_class, preload_serving
-
-            preload_serving()
-            for path in preload:
-                preload_class(path)
+            preload_s = import_server_classes(preload)
         except Exception as e:
             traceback.print_exc()
             _send(control, {"event": "error", "error": f"{type(e).__name__}: {e}"})
@@ -340,8 +354,7 @@ def serve(control: socket.socket, preload: list[str], launcher_pidfd: int | None
             names = [thread.name for thread in threading.enumerate()]
             _send(control, {"event": "error", "error": f"threads running after the imports: {names}"})
             return
-        print(f"imported {len(preload)} server classes in {time.perf_counter() - began:.1f} s", flush=True)
-        _send(control, {"event": "ready", "preload_s": round(time.perf_counter() - began, 3)})
+        _send(control, {"event": "ready", "preload_s": round(preload_s, 3)})
         lease = os.environ.get(LEASE_FILE_ENV)
         watched = [control] if launcher_pidfd is None else [control, launcher_pidfd]
         while not (lease and lease_expired(lease)):  # the head stopped renewing: stop the servers, end

@@ -30,11 +30,12 @@ import sys
 import time
 from pathlib import Path
 
-from nemo_tau2.gym.fork_server import _receive, _send, serve
+from nemo_tau2.gym.fork_server import _reap, _receive, _send, flush_and_exit, import_server_classes, serve
 from nemo_tau2.processes import child_environment, die_with_parent
 
 TEMPLATE_ENV = "NEMO_TAU2_FORK_TEMPLATE"
 _WAKE: tuple[int, int] = (-1, -1)  # the template's self-pipe for SIGCHLD (main)
+_FORKS: dict[int, str] = {}  # the template's forks not yet reaped
 
 
 def fork_template_path() -> str | None:
@@ -99,21 +100,7 @@ def _become_fork_server(control: socket.socket, request: dict, log_fd: int, laun
 
         traceback.print_exc()
     finally:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
-
-
-def _reap() -> None:
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        print(f"fork server pid {pid} exited with code {os.waitstatus_to_exitcode(status)}", flush=True)
+        flush_and_exit(code)
 
 
 def _answer(listener: socket.socket) -> None:
@@ -128,9 +115,11 @@ def _answer(listener: socket.socket) -> None:
         log_fd, launcher_pidfd = fds
         if (message["python"], message["prefix"]) != (sys.executable, sys.prefix):
             _send(connection, {"event": "refused", "reason": f"another interpreter: {message['python']}"})
-        elif os.fork() == 0:
+        elif (pid := os.fork()) == 0:
             listener.close()
             _become_fork_server(connection, message, log_fd, launcher_pidfd)
+        else:
+            _FORKS[pid] = "fork server"
         os.close(log_fd)
         os.close(launcher_pidfd)
 
@@ -150,14 +139,7 @@ def main(argv: list[str]) -> None:
     listener.listen(64)
     import warnings
 
-    began = time.perf_counter()
-    import nemo_tau2  # noqa: F401  (offline settings before tau2 loads litellm)
-    from nemo_tau2.gym.serving import preload_class, preload_serving
-
-    preload_serving()
-    for path in preload:
-        preload_class(path)
-    print(f"imported {len(preload)} server classes in {time.perf_counter() - began:.1f} s", flush=True)
+    import_server_classes(preload)
     warnings.filterwarnings("ignore", "This process .* is multi-threaded", DeprecationWarning)  # native threads
     # an ended fork is reaped at once (no zombie for long): its SIGCHLD wakes the loop through this pipe
     signal.set_wakeup_fd(_WAKE[1])
@@ -170,7 +152,7 @@ def main(argv: list[str]) -> None:
                     os.read(_WAKE[0], 4096)
             if listener in readable:
                 _answer(listener)
-            _reap()
+            _reap(_FORKS, None)
     finally:
         with contextlib.suppress(OSError):
             os.unlink(socket_path)
