@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Everything the project, its examples and its whole test suite need, from nothing (after `pip install uv`):
 #
-#   scripts/setup.sh               # all of the below, in order; reruns take seconds (each part is cached)
+#   scripts/setup.sh               # what the examples and CI's suite need (all but gym07 and nemo-rl-gym04), the
+#                                  # parts side by side (scripts/lanes.sh); reruns take seconds (each part is cached)
+#   scripts/setup.sh extended      # that, and the extended tier's environments (gym07, nemo-rl-gym04)
 #   scripts/setup.sh vllm          # one part: project | chromium | sandbox | vllm | smollm2 | tau2-v1 | gym07 | nemo-rl
 #                                  #           | nemo-rl-gym04
 #
@@ -15,10 +17,11 @@
 #             vendored release beside the checkout (../shared/vendor/tau2-bench-1.0.1) where there is one, else tau2's
 #             git tag
 #   gym07     NeMo-Gym 0.7.0's Python 3.13 environment for the Gym side's tests on that release
-#             (scripts/build_gym07_env.sh: pyenv's 3.13, uv installing for the 3.13.14 that 0.7.0 declares)
+#             (scripts/build_gym07_env.sh: pyenv's 3.13, uv installing for the 3.13.14 that 0.7.0 declares); only the
+#             extended tier uses it
 #   nemo-rl   NeMo-RL's Gym path (its vendored source on the path, its lock's versions) on the NeMo-Gym commit it pins,
 #             Python 3.13, for the tests that run NeMo-RL's own code against our servers (scripts/build_nemo_rl_env.sh)
-#   nemo-rl-gym04  the same on NeMo-Gym 0.4.0, Python 3.12
+#   nemo-rl-gym04  the same on NeMo-Gym 0.4.0, Python 3.12; only the extended tier uses it
 #
 # The environments land in ~/.cache/nemo-tau2 (each build script's own folder; XDG_CACHE_HOME moves it), each built
 # under a file lock, so parallel runs build once. The tests find them there with nothing exported: a test that needs
@@ -30,6 +33,11 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
 log() { echo "[setup] $*" >&2; }
 PARTS=(project chromium sandbox vllm smollm2 tau2-v1 gym07 nemo-rl nemo-rl-gym04)
+# The parts side by side (scripts/lanes.sh): a lane's parts in order, where one needs another (SmolLM2's conversion runs
+# in the project's environment) or they share a lock (apt-get). From nothing, one after another took ~13 minutes here.
+LANES=("project smollm2" "chromium sandbox" "vllm" "tau2-v1" "nemo-rl")
+# The extended tier's (`pytest --extended`; its tests also build these on first use)
+EXTENDED_LANES=("gym07" "nemo-rl-gym04")
 SRT_VERSION=0.0.23  # tau2 v1.0.1's knowledge/sandbox_manager.py: 0.0.24+ leave stubs behind on Linux
 
 python312() {
@@ -130,21 +138,33 @@ setup_nemo_rl_gym04() {
   "$ROOT/scripts/build_nemo_rl_env.sh" --gym 0.4.0
 }
 
+build_lanes() {
+  source "$ROOT/scripts/lanes.sh"
+  local log_dir="${XDG_CACHE_HOME:-$HOME/.cache}/nemo-tau2/setup-logs"
+  if ! run_lanes "$log_dir" "$@"; then
+    log "error: a part failed (above); rerun scripts/setup.sh, which reuses every part already built"
+    exit 1
+  fi
+}
+
+USAGE="one part at most (${PARTS[*]}), extended, or none"
 case "${1:-all}" in
-  all)
-    [ $# -le 1 ] || { log "error: one part at most (${PARTS[*]}), or none for all"; exit 2; }
-    for part in "${PARTS[@]}"; do
-      log "--- $part"
-      "setup_${part//-/_}" >/dev/null
-    done
-    log "ready: uv run pytest tests/unit (CI's suite), uv run pytest -m 'not slow' tests/unit (the fast loop)"
+  all | extended)
+    [ $# -le 1 ] || { log "error: $USAGE"; exit 2; }
+    if [ "${1:-all}" = extended ]; then
+      build_lanes "${LANES[@]}" "${EXTENDED_LANES[@]}"
+      log "ready: uv run pytest --extended tests/unit (CI's suite and the extended tier)"
+    else
+      build_lanes "${LANES[@]}"
+      log "ready: uv run pytest tests/unit (CI's suite), uv run pytest -m 'not slow' tests/unit (the fast loop)"
+    fi
     ;;
   project | chromium | sandbox | vllm | smollm2 | tau2-v1 | gym07 | nemo-rl | nemo-rl-gym04)
-    [ $# -eq 1 ] || { log "error: one part at most (${PARTS[*]}), or none for all"; exit 2; }
+    [ $# -eq 1 ] || { log "error: $USAGE"; exit 2; }
     "setup_${1//-/_}"
     ;;
   *)
-    log "error: unknown part $1; the parts are: ${PARTS[*]} (none: all of them)"
+    log "error: unknown part $1; the parts are: ${PARTS[*]} (extended: all of them; none: all but the extended tier's)"
     exit 2
     ;;
 esac
