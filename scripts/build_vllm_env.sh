@@ -82,6 +82,7 @@ if [ "$DEVICE" = cpu ]; then
     log "torch $TORCH_VERSION from $index"
     torch_source=(--index-url "$index")
   fi
+  command -v uv >/dev/null 2>&1 || { log "error: uv not found (the CPU build installs with it): pip install uv"; exit 2; }
   UV_PIP=(uv pip install --quiet --python "$ENV_DIR/bin/python" --no-deps)
   "${UV_PIP[@]}" "${torch_source[@]}" "torch==$TORCH_VERSION"
   "${UV_PIP[@]}" -r <(grep -v "^torch==" "$LOCK")
