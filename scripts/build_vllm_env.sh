@@ -61,14 +61,17 @@ imports_ok() {
 env_cache_reuse_or_lock  # one build at a time per folder; a finished one is reused
 
 PYTHON="$(find_python)"
+if [ "$DEVICE" = cpu ] && ! command -v uv >/dev/null 2>&1; then
+  log "error: uv not found (the CPU build installs with it): pip install uv"; exit 2
+fi
 log "building $ENV_DIR ($STAMP): several minutes and several GB"
 rm -rf "$ENV_DIR"
 "$PYTHON" -m venv "$ENV_DIR"
 PIP=("$ENV_DIR/bin/python" -m pip --quiet --disable-pip-version-check)
 
 if [ "$DEVICE" = cpu ]; then
-  # uv, not pip: it downloads the 147 pinned packages side by side and keeps them in its cache (pip took ~4 minutes
-  # alone and ~7.5 beside the set-up's other parts, uv ~1); torch first, from where its CPU build is
+  # uv, not pip: it downloads the 147 pinned packages side by side and keeps them in its cache (measured from a cold
+  # cache beside a test run: 3.1 min, pip 7.0; docs/testing.md); torch first, from where its CPU build is
   torch_source=()
   found=""
   for dir in $("${PIP[@]}" config get global.find-links 2>/dev/null || true) ${PIP_FIND_LINKS:-}; do
@@ -82,7 +85,6 @@ if [ "$DEVICE" = cpu ]; then
     log "torch $TORCH_VERSION from $index"
     torch_source=(--index-url "$index")
   fi
-  command -v uv >/dev/null 2>&1 || { log "error: uv not found (the CPU build installs with it): pip install uv"; exit 2; }
   UV_PIP=(uv pip install --quiet --python "$ENV_DIR/bin/python" --no-deps)
   "${UV_PIP[@]}" "${torch_source[@]}" "torch==$TORCH_VERSION"
   "${UV_PIP[@]}" -r <(grep -v "^torch==" "$LOCK")
