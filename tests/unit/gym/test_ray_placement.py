@@ -66,6 +66,7 @@ EVAL_FAKE = Path(__file__).parents[3] / "examples" / "configs" / "evals" / "tau2
 SAMPLING = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=512)
 RESOURCES = [RESOURCES_SERVER, f"{RESOURCES_SERVER}_1"]
 AGENTS = [AGENT, f"{AGENT}_1"]
+SLOW_IMPORT_CLASS = "nemo_tau2.testing.slow_import:SlowImportTau2ResourcesServer"  # 5 s to import
 LEASE_S = 25.0  # >= the watcher's detection time with the defaults, 3 x (2 + 5) s
 PROTOCOL_ROUTES = {"/", "/seed_session", "/verify", "/end_session", "/session_stats", "/aggregate_metrics"}
 SEEDED = re.compile(r"session seeded: (\w+) task (\S+), episode (\w+)")
@@ -455,10 +456,11 @@ def test_a_lost_node_fails_only_the_episodes_it_held_and_leaves_no_process(clust
 def test_a_start_longer_than_the_lease_keeps_its_servers(cluster, tmp_path):
     """Each launcher holds its node's lease from its own start, so the head renews from the first launcher on: a
     start that outlasts ``lease_timeout_s`` (many servers, a loaded box: 36 s against the 25 s above, beside
-    NeMo-RL's runs) had its launchers end themselves before their servers were up. Here the lease (1.5 s) is shorter
-    than any start."""
-    spec = ServerSpec(RESOURCES_SERVER, "resources_servers", "tau2", RESOURCES_SERVER_CLASS, {"domain": "agent"})
-    lease_s = 1.5
+    NeMo-RL's runs) had its launchers end themselves before their servers were up. Here the server class takes
+    longer to import than the lease lasts, so the start outlasts it on any box; the lease (4 s, renewed every 0.67 s)
+    leaves a loaded box's renewals seconds to spare (1.5 s did not, in CI)."""
+    spec = ServerSpec(RESOURCES_SERVER, "resources_servers", "tau2", SLOW_IMPORT_CLASS, {"domain": "agent"})
+    lease_s = 4.0
     config = ClusterConfig(
         ray_address=cluster[0].address, gym_placement="ray", gym_node_resource=GYM, lease_timeout_s=lease_s,
         gym_health_failures=1, gym_health_interval_s=0.25, gym_health_timeout_s=0.5,
@@ -466,7 +468,7 @@ def test_a_start_longer_than_the_lease_keeps_its_servers(cluster, tmp_path):
     began = time.monotonic()
     with RayGymServers([ServerGroup("resources", [spec])], config, log_dir=tmp_path) as servers:
         assert time.monotonic() - began > lease_s  # the start outlasted the lease
-        time.sleep(3 * lease_s)  # renewed all along
+        time.sleep(1.5 * lease_s)  # renewed all along
         assert all(_alive(pid) for pid in servers.process_ids())
         assert requests.get(servers.url(spec.name) + "/", timeout=10).ok
         pids = servers.process_ids()
