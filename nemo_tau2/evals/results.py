@@ -14,9 +14,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from nemo_tau2.experience.rollouts import OK, RolloutResult
 from nemo_tau2.experience.row_keys import episode_task
-from nemo_tau2.utils.jsonl_log import JsonlLog, write_json_atomic  # noqa: F401  (re-exported)
+from nemo_tau2.utils.jsonl_log import JsonlLog, replace_lines, write_json_atomic  # noqa: F401  (re-exported)
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +151,13 @@ def write_evaluation_data(
             entry["full_result"] = {"transcript": transcript, "reward_info": record.get("reward_info")}
         entries.append(entry)
     entries.sort(key=lambda entry: entry["sample_index"])
-    write_json_atomic(save_dir / EVALUATION_DATA_FILE, {"evaluation_data": entries})
+    # one entry a line, as rollouts.jsonl writes its records: indented, every token id of every turn's prompt was a
+    # line of its own (a banking eval of 97 episodes: 827 MB, 25-50 s in json's indenting encoder; now 173 MB, 0.5 s)
+    options = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+    entry_lines = [orjson.dumps(entry, option=options) + b",\n" for entry in entries]
+    if entry_lines:
+        entry_lines[-1] = entry_lines[-1].removesuffix(b",\n") + b"\n"
+    replace_lines(save_dir / EVALUATION_DATA_FILE, [b'{"evaluation_data": [\n', *entry_lines, b"]}\n"])
 
 
 def _with_the_cut_marked(transcript: list[dict[str, Any]], first_break_turn: int | None) -> list[dict[str, Any]]:

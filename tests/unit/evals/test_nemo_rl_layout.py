@@ -201,8 +201,11 @@ def test_an_upstream_layout_config_runs_end_to_end_and_scores_one(tmp_path):
     summary, table = run_eval(setup_eval(raw), raw)
     assert summary["metrics"]["eval/overall/pass@2"] == 1.0 and summary["metrics"]["eval/overall/num_episodes"] == 4
     assert table.startswith("metric=pass@2 score=1.0000")
-    entries = json.loads((save / "evaluation_data.json").read_text())["evaluation_data"]
+    text = (save / "evaluation_data.json").read_text()
+    entries = json.loads(text)["evaluation_data"]
     assert [e["sample_index"] for e in entries] == [0, 1, 2, 3] and all(e["reward"] == 1.0 for e in entries)
+    # one entry a line: indented, each token id of each prompt was a line (a 97-episode banking eval: 827 MB)
+    assert [json.loads(line.rstrip(",")) for line in text.splitlines()[1:-1]] == entries
     assert all(e["agent_ref"] and e["message_log"] and e["extra_env_info"]["domain"] == "airline" for e in entries)
     assert all(e["full_result"]["reward_info"] for e in entries)
     logged = json.loads((save / "logs" / "metrics.jsonl").read_text().splitlines()[-1])
