@@ -10,7 +10,7 @@ aside on open, so its episode is rerun. ``summary.json`` and ``config.json`` are
 import logging
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +39,11 @@ def episode_key(record: dict[str, Any]) -> EpisodeKey:
 
 def record_of(result: RolloutResult, keep_transcript: bool) -> dict[str, Any]:
     """The JSONL line for one episode: outcome, components, counts, timings and (optionally) the transcript."""
-    record = asdict(result)
-    record.pop("message_log")  # token ids are training data; the transcript (with them) is in full_result
-    full = record.pop("full_result") or {}
+    # token ids are training data (message_log), and the transcript (with them) is taken from full_result as it is:
+    # asdict would copy both, int by int, only for them to be dropped or written at once
+    record = asdict(replace(result, message_log=[], full_result=None))
+    del record["message_log"], record["full_result"]
+    full = result.full_result or {}
     if keep_transcript and result.ok:
         record["transcript"] = (full.get("response") or {}).get("output")
         record["reward_info"] = full.get("reward_info")
