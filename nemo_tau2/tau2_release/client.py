@@ -2,7 +2,8 @@
 
 The worker (``worker/nemo_tau2_tau2_worker.py``) imports only tau2 and the standard library; this side starts it
 with the release's interpreter (``tau2.python``, else ``$NEMO_TAU2_TAU2_V1_PYTHON``), as the vllm backend starts
-vLLM's server, and exchanges one JSON line per request over pipes. Requests are answered in order, one at a time:
+vLLM's server, or forks it from a warm template where one runs (``template.py``: the test session's), and exchanges
+one JSON line per request over pipes. Requests are answered in order, one at a time:
 tau2's tools and evaluator are CPU-bound Python, as they are in process.
 
 Failures keep their three channels: a request the release cannot honour raises :class:`Tau2RequestError` (a
@@ -26,6 +27,7 @@ from typing import Any
 
 from nemo_tau2.env_cache import cache_root
 from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
+from nemo_tau2.tau2_release.template import forked_worker
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +69,14 @@ def release_python(config: Tau2ReleaseConfig) -> str:
     return python
 
 
+def worker_environment() -> dict[str, str]:
+    """A worker's environment: ours, without what points an interpreter at the project's environment."""
+    env = {key: value for key, value in os.environ.items() if key not in _FOREIGN_PYTHON_VARIABLES}
+    env["PYTHONPATH"] = str(WORKER_DIR)
+    env.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    return env
+
+
 #: What a retrieval variant may call that this project connects (``configure_retrieval``'s ``needs``), beyond the
 #: release's own offline indexes (BM25, grep) and prompts: an embedding endpoint (``tau2.embeddings``) and tau2's
 #: shell sandbox (``tau2.shell``).
@@ -87,11 +97,9 @@ class Tau2Worker:
         if config.version == "v0.2.1":
             raise ValueError("tau2.version v0.2.1 is the project's own environment; it needs no worker")
         self.config = config
-        env = {key: value for key, value in os.environ.items() if key not in _FOREIGN_PYTHON_VARIABLES}
-        env["PYTHONPATH"] = str(WORKER_DIR)
-        env.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-        self._process = subprocess.Popen(
-            [release_python(config), "-u", str(WORKER_FILE)],
+        python, env = release_python(config), worker_environment()
+        self._process = forked_worker(python, WORKER_FILE, env, stderr, config.start_timeout_s) or subprocess.Popen(
+            [python, "-u", str(WORKER_FILE)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=stderr if stderr is not None else sys.stderr,

@@ -27,6 +27,7 @@ import pytest
 from nemo_tau2.gym.launch import free_port
 from nemo_tau2.tau2_release.client import Tau2Worker
 from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
+from nemo_tau2.tau2_release.template import TEMPLATE_ENV
 from nemo_tau2.testing import start_fake_server
 from nemo_tau2.testing.release_tasks import write_release_tasks
 from tests.tau2_v1_env import tau2_v1_python
@@ -59,6 +60,7 @@ def _cli_environment() -> dict[str, str]:
     of ours."""
     ours = ("NEMO_GYM_", "VIRTUAL_ENV", "UV_RUN_RECURSION_DEPTH", "RAY_ENABLE_UV_RUN_RUNTIME_ENV", "PYTEST_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(ours) and k not in ("UV", "PYTHONPATH")}
+    env.pop(TEMPLATE_ENV, None)  # its servers' tau2 workers started as a user's are: in ng_run's session
     env["PATH"] = shell_path(BIN)
     # A shell that ran `.ci/run` (or the README's `uv sync` with a chosen interpreter) has UV_PYTHON naming the base
     # Python: the servers' venvs must get their packages all the same.

@@ -3,6 +3,7 @@ on the NL judge holds up no other session's tool call (it scores on a worker and
 are answered by that one scoring, a judge fault is a 502 naming it (never a score, on either NeMo-Gym release), and a
 worker that dies is a 502 naming it (an infrastructure error), not a 500."""
 
+import contextlib
 import json
 import os
 import signal
@@ -10,12 +11,14 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import requests
 
 from nemo_tau2.gym.launch import GymServers, ServerSpec
 from nemo_tau2.gym.resources_server.bodies import verify_body
 from nemo_tau2.tau2_release.client import WORKER_FILE
+from nemo_tau2.tau2_release.template import TEMPLATE_ENV, TEMPLATE_FILE
 from nemo_tau2.tau2_release.trajectory import Trajectory
 from tests.tau2_v1_env import tau2_v1_python
 from tests.unit.gym import forks_http
@@ -40,7 +43,8 @@ def server_url(judge):
     }
     server_class = "nemo_tau2.gym.resources_server.app:Tau2ResourcesServer"
     spec = ServerSpec(NAME, "resources_servers", "tau2", server_class, config)
-    with GymServers([spec]) as servers:
+    # its workers started as a run's are (children of the server), not forked from this test process's template
+    with GymServers([spec], env={TEMPLATE_ENV: ""}) as servers:
         yield servers.url(NAME)
 
 
@@ -138,7 +142,8 @@ def test_a_session_seeded_again_while_its_verify_waits_on_the_judge_keeps_its_ne
 
 def _server_workers() -> list[int]:
     """The resources server's tau2 workers: processes running the worker file below this test process but not its
-    children (the package's own worker is a child; the server's run under the fork server and the server)."""
+    children nor its worker template's (the package's own workers; the server's run under the fork server and the
+    server)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -148,9 +153,19 @@ def _server_workers() -> list[int]:
             parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
             continue
-        if str(WORKER_FILE).encode() in command and parent != os.getpid() and _descends_from_us(parent):
+        if str(WORKER_FILE).encode() in command and parent not in _ours() and _descends_from_us(parent):
             found.append(int(entry.name))
     return found
+
+
+def _ours() -> set[int]:
+    """This process and its tau2 worker template, the parents of the workers this process starts."""
+    ours = {os.getpid()}
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.NoSuchProcess):  # ended between the listing and the look
+            if str(TEMPLATE_FILE) in " ".join(child.cmdline()):
+                ours.add(child.pid)
+    return ours
 
 
 def _descends_from_us(pid: int) -> bool:
