@@ -198,7 +198,13 @@ def _reap(workers: dict) -> None:
 def _answer(listener: socket.socket, imports: tuple[dict, dict], workers: dict, own: list) -> None:
     """One requester: fork its worker, or refuse (it then starts one of its own)."""
     connection, _ = listener.accept()
-    message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
+    connection.settimeout(5.0)  # a requester sends its request at once; one that does not holds up no other
+    try:
+        message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
+    except OSError:
+        connection.close()
+        return
+    connection.settimeout(None)
     try:
         request = json.loads(message) if message else None
     except ValueError:
