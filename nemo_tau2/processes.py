@@ -5,7 +5,10 @@ import ctypes
 import os
 import re
 import signal
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
 
@@ -83,3 +86,11 @@ def child_environment(
         if value not in _SECRET_VALUES and (name in keep or not (drop_secret_names and is_secret_key(name.lower())))
     }
     return env | (extra or {})
+
+
+def wait_for_listener(socket_path: Path, process: subprocess.Popen, timeout_s: float = 30.0) -> None:
+    """Until ``process`` has bound ``socket_path`` (or ended, or ``timeout_s`` passed): a template listens before it
+    imports, so requesters that come after this queue on it rather than start their own."""
+    deadline = time.monotonic() + timeout_s
+    while not socket_path.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)

@@ -27,11 +27,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from nemo_tau2.gym.fork_server import _reap, _receive, _send, flush_and_exit, import_server_classes, serve
-from nemo_tau2.processes import child_environment, die_with_parent
+from nemo_tau2.processes import child_environment, die_with_parent, wait_for_listener
 
 TEMPLATE_ENV = "NEMO_TAU2_FORK_TEMPLATE"
 _WAKE: tuple[int, int] = (-1, -1)  # the template's self-pipe for SIGCHLD (main)
@@ -58,9 +57,7 @@ class ForkTemplate:
                 start_new_session=True,
                 preexec_fn=die_with_parent,
             )
-        deadline = time.monotonic() + 30  # it listens before it imports: launchers then queue, not start their own
-        while not self.socket_path.exists() and self.process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for_listener(self.socket_path, self.process)
 
     def stop(self) -> None:
         with contextlib.suppress(ProcessLookupError):

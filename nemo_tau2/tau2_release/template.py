@@ -17,9 +17,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
+
+from nemo_tau2.processes import wait_for_listener
 
 logger = logging.getLogger(__name__)
 
@@ -76,8 +77,7 @@ def forked_worker(
     """The worker forked by this process's template, on new pipes; ``None`` where there is no template, it refuses,
     it gives no answer within ``wait_s`` or ``stderr`` is not a file (``Popen``'s ``PIPE``): start one as before."""
     path = os.environ.get(TEMPLATE_ENV)
-    stderr_fd = _file_descriptor(sys.stderr if stderr is None else stderr)
-    if not path or stderr_fd is None:
+    if not path or (stderr_fd := _file_descriptor(sys.stderr if stderr is None else stderr)) is None:
         return None
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     (stdin_read, stdin_write), (stdout_read, stdout_write) = os.pipe(), os.pipe()
@@ -128,9 +128,7 @@ class Tau2WorkerTemplate:
                 env=env,
                 start_new_session=True,
             )
-        deadline = time.monotonic() + 30  # it listens before it imports: requesters then queue, not start their own
-        while not self.socket_path.exists() and self.process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for_listener(self.socket_path, self.process)
 
     def stop(self) -> None:
         self.process.stdin.close()
