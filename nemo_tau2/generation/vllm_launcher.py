@@ -202,6 +202,29 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())]
 
 
+CPU_BIND_VARIABLE = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def replica_cpu_binds(cpus: list[int], tensor_parallel_size: int, data_parallel_size: int) -> list[str] | None:
+    """Each CPU replica's ``VLLM_CPU_OMP_THREADS_BIND``: its own slice of ``cpus``, split over its ranks ("|").
+
+    vLLM binds a server's compute threads to cores it picks alone: every replica, being a server of its own, picks
+    the same first core (measured on 2 cores: both replicas' threads on core 0, core 1 left to their schedulers), so
+    replicas served one after the other. With fewer cores than ranks the threads float ("nobind"); one replica keeps
+    vLLM's own choice (None).
+    """
+    if data_parallel_size == 1:
+        return None
+    ranks = tensor_parallel_size * data_parallel_size
+    if len(cpus) < ranks:
+        return ["nobind"] * data_parallel_size
+    per_rank = len(cpus) // ranks
+    slices = [cpus[rank * per_rank : (rank + 1) * per_rank] for rank in range(ranks)]
+    ids = [",".join(map(str, cores)) for cores in slices]
+    tp = tensor_parallel_size
+    return ["|".join(ids[replica * tp : (replica + 1) * tp]) for replica in range(data_parallel_size)]
+
+
 def replica_gpu_groups(gpus: list[str], tensor_parallel_size: int, data_parallel_size: int) -> list[list[str]]:
     """Disjoint groups of ``tensor_parallel_size`` GPUs, one per replica."""
     needed = tensor_parallel_size * data_parallel_size
@@ -251,8 +274,15 @@ class VllmReplicas:
         self.log_dir = log_dir  # where each replica's log is kept (None: a temporary file, deleted on a clean stop)
         self.vllm_cfg = cfg.vllm_cfg or VllmConfig()
         self.vllm_version = require_vllm(self.vllm_cfg)
+        self.cpu_binds: list[str] | None = None
         if self.vllm_cfg.device == "cpu":
             groups: list[list[str]] = [[] for _ in range(self.vllm_cfg.data_parallel_size)]
+            if CPU_BIND_VARIABLE not in os.environ:  # a bind set by the user applies to every replica as given
+                self.cpu_binds = replica_cpu_binds(
+                    sorted(os.sched_getaffinity(0)),
+                    self.vllm_cfg.tensor_parallel_size,
+                    self.vllm_cfg.data_parallel_size,
+                )
         else:
             groups = replica_gpu_groups(
                 visible_gpus(), self.vllm_cfg.tensor_parallel_size, self.vllm_cfg.data_parallel_size
@@ -281,6 +311,8 @@ class VllmReplicas:
         port = reserve_port(self.vllm_cfg.host, wanted, key=f"policy.generation.vllm_cfg.base_port (replica {index})")
         command = vllm_server_command(self.cfg, port=port)
         env = vllm_server_env(self.vllm_cfg, gpus)
+        if self.cpu_binds is not None:
+            env[CPU_BIND_VARIABLE] = self.cpu_binds[index]
         self.processes.append(ManagedProcess(command, name=f"vllm_replica{index}", env=env, log_dir=self.log_dir))
         self.roots.append(f"http://{url_host(self.vllm_cfg.host)}:{port}")
 

@@ -22,6 +22,7 @@ from nemo_tau2.generation.vllm_launcher import (
     VLLM_PYTHON_ENV,
     VllmReplicas,
     WeightUpdateError,
+    replica_cpu_binds,
     replica_gpu_groups,
     require_vllm,
     vllm_python,
@@ -111,6 +112,15 @@ def test_replicas_get_disjoint_tensor_parallel_gpu_groups():
     assert replica_gpu_groups(["4", "5"], 1, 2) == [["4"], ["5"]]
     with pytest.raises(GenerationStartupError, match=r"need 4 GPU\(s\).*set vllm_cfg.device=cpu"):
         replica_gpu_groups(["0", "1"], 2, 2)
+
+
+def test_cpu_replicas_bind_their_threads_to_disjoint_cores():
+    """Left to vLLM, every CPU replica binds its threads to the same first core (each is a server of its own)."""
+    assert replica_cpu_binds([0, 1], 1, 2) == ["0", "1"]
+    assert replica_cpu_binds([0, 1, 2, 3, 4], 1, 2) == ["0,1", "2,3"]
+    assert replica_cpu_binds([2, 3, 4, 5, 6, 7, 8, 9], 2, 2) == ["2,3|4,5", "6,7|8,9"]
+    assert replica_cpu_binds([0, 1], 1, 3) == ["nobind"] * 3  # fewer cores than ranks: the threads float
+    assert replica_cpu_binds([0, 1], 1, 1) is None  # one replica: vLLM's own choice
 
 
 def test_the_interpreter_comes_from_the_config_then_the_environment_variable_then_this_process(monkeypatch, tmp_path):
