@@ -5,6 +5,7 @@ import logging
 from pathlib import Path
 
 import pytest
+import torch
 
 from nemo_tau2.algorithms.tiny_policy import TinyPolicyConfig
 from nemo_tau2.tau2_env.gym_rows import compact_rows
@@ -60,3 +61,20 @@ def test_other_settings_or_rows_build_anew_and_a_partial_build_is_not_used(cache
     (partial / "model.safetensors").write_bytes(b"torn")
     again = warm_start.build_tiny_policy(TinyPolicyConfig(warm_start_steps=2), rows, tmp_path / "a_again")
     assert _files(again) == _files(tmp_path / "a") and not partial.exists()
+
+
+def test_the_batched_warm_start_loss_is_each_examples_own_as_if_unpadded():
+    """The warm start batches its examples right-padded and without an attention mask (causal attention keeps the
+    padding from every real token): each example's reply loss in the batch is the loss of that example alone."""
+    cfg = TinyPolicyConfig()
+    tokenizer = warm_start.build_tiny_tokenizer()
+    config = warm_start.tiny_policy_architecture(cfg, tokenizer)
+    examples = warm_start._warm_start_examples(cfg, _rows(), tokenizer)
+    assert len({len(p) + len(r) for p, r, _ in examples}) > 1, "the check needs padding"
+    torch.manual_seed(0)
+    model = warm_start.LlamaForCausalLM(config).eval()
+    pad = tokenizer.pad_token_id
+    with torch.no_grad():
+        batched = warm_start._reply_nll(model, *warm_start._batch(examples, pad))
+        alone = torch.cat([warm_start._reply_nll(model, *warm_start._batch([one], pad)) for one in examples])
+    assert torch.allclose(batched, alone, rtol=0, atol=1e-5), (batched - alone).abs().max()
