@@ -5,7 +5,8 @@ first request within a second. The template is found through :data:`TEMPLATE_ENV
 only the test session sets (``tests/conftest.py``, one template per test process): a run starts its few workers as
 interpreters of their own. A template that is not there, runs another interpreter or was imported under another
 environment refuses, and the worker is then started as before: the template is a start-up cost saved, never a
-different worker.
+different worker. The parity tests' reference scripts (tau2's own code playing and scoring episodes) start the same
+way: any file run in the release's interpreter can be forked, since the template changes nothing tau2 imports.
 """
 
 import contextlib
@@ -72,16 +73,17 @@ def _decode(raw: bytes) -> dict | None:
 
 
 def forked_worker(
-    python: str, worker_file: Path, env: dict[str, str], stderr: Any, wait_s: float
+    python: str, worker_file: Path, env: dict[str, str], stderr: Any, wait_s: float, cwd: str | Path | None = None
 ) -> ForkedWorkerProcess | None:
-    """The worker forked by this process's template, on new pipes; ``None`` where there is no template, it refuses,
-    it gives no answer within ``wait_s`` or ``stderr`` is not a file (``Popen``'s ``PIPE``): start one as before."""
+    """The worker forked by this process's template, on new pipes, in ``cwd`` (default: this process's folder);
+    ``None`` where there is no template, it refuses, it gives no answer within ``wait_s`` or ``stderr`` is not a
+    file (``Popen``'s ``PIPE``): start one as before."""
     path = os.environ.get(TEMPLATE_ENV)
     if not path or (stderr_fd := _file_descriptor(sys.stderr if stderr is None else stderr)) is None:
         return None
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     (stdin_read, stdin_write), (stdout_read, stdout_write) = os.pipe(), os.pipe()
-    request = {"python": python, "env": env, "cwd": os.getcwd(), "worker_file": str(worker_file)}
+    request = {"python": python, "env": env, "cwd": str(cwd or os.getcwd()), "worker_file": str(worker_file)}
     answer = None
     try:
         connection.connect(path)

@@ -17,6 +17,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from nemo_tau2.tau2_release.template import forked_worker
 from tests.tau2_v1_env import tau2_v1_python
 from tests.unit.tau2_release.episode_scripts import episode_scripts
 from tests.unit.tau2_release.worker_episodes import play, play_every_script, summary, untimed
@@ -33,13 +34,17 @@ def judged(task: dict) -> bool:
 # The reference, tau2 v1.0.1 itself (0.1-1.1 s an episode on an idle core, mostly its own DB loads and hashes), must
 # stay the release's own unshortened code; it is what costs (our side: ~26 s of CPU for the 834 episodes). So the
 # base tasks are dealt round-robin to one reference process per core, each scoring its share while we play ours.
+# Each is forked from the test process's tau2 worker template where it takes them (tests/tau2_v1_env.py): the same
+# interpreter after tau2's import under the same import-time environment, so only the import (5-6 CPU-s, 11-40 s on
+# a loaded box) is saved, tau2's code and what it runs unchanged; refused (another environment), it starts fresh.
 REFERENCE_PROCESSES = max(2, min(4, os.cpu_count() or 1))
+TEMPLATE_WAIT_S = 300  # the template's first answer waits for its own import of tau2, on a loaded box
 CHANGED_GOLD = {"airline": ["2", "23", "38", "44"], "retail": ["12", "107"]}
 
 
 def start_references(
     tasks: dict[str, list[dict]], judge_base_url: str, env: dict | None = None, cwd: Path | None = None, **run: str
-) -> list[subprocess.Popen]:
+) -> list:
     """tau2 v1.0.1 scoring every task of ``tasks`` (``run``: ``retrieval_variant``), dealt over
     ``REFERENCE_PROCESSES`` processes (``env``: more environment variables, tau2's own way of naming endpoints;
     ``cwd``: where tau2 keeps what it caches relative to it)."""
@@ -50,13 +55,10 @@ def start_references(
         task_ids = {domain: [] for domain in domains}
         for domain, task_id in deal[shard::REFERENCE_PROCESSES]:
             task_ids[domain].append(task_id)
-        reference = subprocess.Popen(
-            [tau2_v1_python(), str(REFERENCE)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=os.environ | (env or {}),
-            cwd=cwd,
+        python, reference_env = tau2_v1_python(), os.environ | (env or {})
+        pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True}
+        reference = forked_worker(python, REFERENCE, reference_env, None, TEMPLATE_WAIT_S, cwd) or subprocess.Popen(
+            [python, str(REFERENCE)], env=reference_env, cwd=cwd, **pipes
         )
         request = {"domains": domains, "judge_base_url": judge_base_url, "task_ids": task_ids, **run}
         reference.stdin.write(json.dumps(request))
@@ -65,8 +67,9 @@ def start_references(
     return references
 
 
-def reference_results(references: list[subprocess.Popen]) -> dict:
-    """What the reference processes scored, tool answers compared as ours are (``untimed``)."""
+def reference_results(references: list) -> dict:
+    """What the reference processes scored (each a ``Popen`` or a forked worker, whose answer comes as bytes), tool
+    answers compared as ours are (``untimed``)."""
     theirs = {}
     for reference in references:
         theirs |= json.loads(reference.stdout.read())
