@@ -18,6 +18,10 @@ from nemo_tau2.tau2_release.client import TAU2_V1_PYTHON_ENV, worker_environment
 from nemo_tau2.tau2_release.template import TEMPLATE_ENV, Tau2WorkerTemplate
 from tests.env_python import environment_python
 
+TEMPLATE_ANSWER_WAIT_S = 300
+"""How long a request waits for the template's first answer: it answers once it has imported tau2, seconds on a quiet
+box, a minute or more on a loaded one."""
+
 
 def tau2_v1_python() -> str:
     """``$NEMO_TAU2_TAU2_V1_PYTHON``, else tau2 v1.0.1's environment under ~/.cache/nemo-tau2 (built on first use)."""

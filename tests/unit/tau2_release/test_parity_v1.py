@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 
 from nemo_tau2.tau2_release.template import forked_worker
-from tests.tau2_v1_env import tau2_v1_python
+from tests.tau2_v1_env import TEMPLATE_ANSWER_WAIT_S, tau2_v1_python
 from tests.unit.tau2_release.episode_scripts import episode_scripts
 from tests.unit.tau2_release.worker_episodes import play, play_every_script, summary, untimed
 
@@ -38,7 +38,6 @@ def judged(task: dict) -> bool:
 # interpreter after tau2's import under the same import-time environment, so only the import (5-6 CPU-s, 11-40 s on
 # a loaded box) is saved, tau2's code and what it runs unchanged; refused (another environment), it starts fresh.
 REFERENCE_PROCESSES = max(2, min(4, os.cpu_count() or 1))
-TEMPLATE_WAIT_S = 300  # the template's first answer waits for its own import of tau2, on a loaded box
 CHANGED_GOLD = {"airline": ["2", "23", "38", "44"], "retail": ["12", "107"]}
 
 
@@ -50,16 +49,16 @@ def start_references(
     ``cwd``: where tau2 keeps what it caches relative to it)."""
     domains = list(tasks)
     deal = [(domain, task["id"]) for domain in domains for task in tasks[domain]]
+    python, reference_env = tau2_v1_python(), os.environ | (env or {})
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True}
     references = []
     for shard in range(min(REFERENCE_PROCESSES, len(deal))):  # no process that would only import tau2 (~5 CPU-s)
         task_ids = {domain: [] for domain in domains}
         for domain, task_id in deal[shard::REFERENCE_PROCESSES]:
             task_ids[domain].append(task_id)
-        python, reference_env = tau2_v1_python(), os.environ | (env or {})
-        pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True}
-        reference = forked_worker(python, REFERENCE, reference_env, None, TEMPLATE_WAIT_S, cwd) or subprocess.Popen(
-            [python, str(REFERENCE)], env=reference_env, cwd=cwd, **pipes
-        )
+        reference = forked_worker(
+            python, REFERENCE, reference_env, None, TEMPLATE_ANSWER_WAIT_S, cwd
+        ) or subprocess.Popen([python, str(REFERENCE)], env=reference_env, cwd=cwd, **pipes)
         request = {"domains": domains, "judge_base_url": judge_base_url, "task_ids": task_ids, **run}
         reference.stdin.write(json.dumps(request))
         reference.stdin.close()  # tau2 works while we do

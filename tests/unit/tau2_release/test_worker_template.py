@@ -11,12 +11,11 @@ import pytest
 from nemo_tau2.tau2_release.client import WORKER_FILE, Tau2Worker, worker_environment
 from nemo_tau2.tau2_release.config import NLJudgeConfig, Tau2ReleaseConfig
 from nemo_tau2.tau2_release.template import TEMPLATE_ENV, ForkedWorkerProcess, Tau2WorkerTemplate, forked_worker
-from tests.tau2_v1_env import tau2_v1_python
+from tests.tau2_v1_env import TEMPLATE_ANSWER_WAIT_S, tau2_v1_python
 from tests.unit.tau2_release.episode_scripts import episode_scripts
 from tests.unit.tau2_release.worker_episodes import play, summary
 
 TASKS = {"airline": "1", "retail": "1"}
-ANSWER_WAIT_S = 300  # the template answers once it has imported tau2: seconds quiet, a minute or more on a loaded box
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +72,7 @@ def test_an_environment_the_imports_did_not_see_is_refused(template, monkeypatch
     monkeypatch.setenv(TEMPLATE_ENV, str(template.socket_path))
     env = worker_environment() | {variable: value}
     with caplog.at_level(logging.INFO, logger="nemo_tau2.tau2_release.template"):
-        process = forked_worker(tau2_v1_python(), WORKER_FILE, env, None, ANSWER_WAIT_S)
+        process = forked_worker(tau2_v1_python(), WORKER_FILE, env, None, TEMPLATE_ANSWER_WAIT_S)
     if refusal is None:
         assert isinstance(process, ForkedWorkerProcess)
         process.stdin.close()  # the worker ends at its stdin's end, as a started one does
@@ -85,7 +84,7 @@ def test_an_environment_the_imports_did_not_see_is_refused(template, monkeypatch
 
 def test_a_forked_workers_exit_status_and_kill_are_popens(template, monkeypatch):
     monkeypatch.setenv(TEMPLATE_ENV, str(template.socket_path))
-    process = forked_worker(tau2_v1_python(), WORKER_FILE, worker_environment(), None, ANSWER_WAIT_S)
+    process = forked_worker(tau2_v1_python(), WORKER_FILE, worker_environment(), None, TEMPLATE_ANSWER_WAIT_S)
     assert process.poll() is None
     process.kill()
     assert process.wait(timeout=30) == -9
@@ -98,9 +97,9 @@ def test_a_forked_workers_exit_status_and_kill_are_popens(template, monkeypatch)
 def test_without_a_listening_template_a_worker_starts_as_its_own(tmp_path, monkeypatch, caplog, template):
     for path in ("", str(tmp_path / "none.sock")):
         monkeypatch.setenv(TEMPLATE_ENV, path)
-        assert forked_worker(tau2_v1_python(), WORKER_FILE, worker_environment(), None, ANSWER_WAIT_S) is None
+        assert forked_worker(tau2_v1_python(), WORKER_FILE, worker_environment(), None, TEMPLATE_ANSWER_WAIT_S) is None
     monkeypatch.setenv(TEMPLATE_ENV, str(template.socket_path))
     other_python = os.path.realpath(tau2_v1_python()) + "-not-this-one"
     with caplog.at_level(logging.INFO, logger="nemo_tau2.tau2_release.template"):
-        assert forked_worker(other_python, WORKER_FILE, worker_environment(), None, ANSWER_WAIT_S) is None
+        assert forked_worker(other_python, WORKER_FILE, worker_environment(), None, TEMPLATE_ANSWER_WAIT_S) is None
     assert f"another interpreter: {other_python}" in caplog.text
