@@ -6,7 +6,8 @@ the demonstration reached; :mod:`nemo_tau2.pivots.gold`). Four measurements:
 1. **Fork vs replay.** A pivot's state forked (``Episode.fork``: copy-on-write over the parent) against rebuilt by
    replaying its prefix from the task's start (what every other tau2 stack must do to start mid-episode).
 2. **Verdicts over HTTP.** ``/verify_pivot`` of a real resources server at ``--concurrency`` requests in flight: each
-   pivot's demonstrated call and its argument mutations (states warm: each pivot's state rebuilt once before).
+   pivot's demonstrated call and its argument mutations (states warm: each pivot's state rebuilt once before, in
+   chunks of the states the server keeps).
 3. **Profiling.** ``--candidates`` candidates x ``--samples`` samples (``profile_pivots.py``'s code) against a scripted
    OpenAI-compatible endpoint (0 ms) answering, in turn, the demonstrated call, a mutated one, the call worded
    otherwise (an integer argument as a float: the same call to tau2), and text.
@@ -35,6 +36,7 @@ import psutil
 
 import nemo_tau2  # noqa: F401  (offline settings before tau2 loads litellm)
 from nemo_tau2.gym.launch import GymServers
+from nemo_tau2.gym.resources_server.pivot_verify import MAX_PIVOT_STATES
 from nemo_tau2.gym.resources_server.rescoring import replay
 from nemo_tau2.gym.stack import RESOURCES_SERVER, resources_server_spec
 from nemo_tau2.pivots.candidates import pivot_rows
@@ -119,11 +121,13 @@ def verify_body(pivot: dict, arguments: dict) -> dict:
 
 
 async def verdicts_over_http(url: str, server_pid: int, pivots: list[dict], pool: dict, concurrency: int) -> dict:
-    bodies = []
-    for pivot in pivots:
-        arguments = json.loads(pivot["expected_action"]["arguments"])
-        bodies += [verify_body(pivot, variant) for variant in (arguments, mutated(arguments, pool)) if variant]
-    gate, latencies = asyncio.Semaphore(concurrency), []
+    """Each pivot's demonstrated call and its mutation, states warm: the pivots go in chunks the server keeps
+    (``MAX_PIVOT_STATES``), each chunk's states rebuilt by a warm-up pass before its timed pass. (One pass over all
+    824 would rebuild every state again: the least recently used are dropped first.)"""
+    gate, latencies, timed = asyncio.Semaphore(concurrency), [], []
+    server = psutil.Process(server_pid)
+    wall = server_cpu = 0.0
+    samples = rebuilt_while_timed = 0
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as http:
 
         async def post(body: dict) -> None:
@@ -134,20 +138,29 @@ async def verdicts_over_http(url: str, server_pid: int, pivots: list[dict], pool
                     await answer.read()
                 latencies.append(1000 * (time.perf_counter() - started))
 
-        await asyncio.gather(*(post(verify_body(p, json.loads(p["expected_action"]["arguments"]))) for p in pivots))
-        latencies.clear()  # the warm-up: each pivot's state rebuilt once
-        server = psutil.Process(server_pid)
-        cpu_before, started = sum(server.cpu_times()[:2]), time.perf_counter()
-        await asyncio.gather(*(post(body) for body in bodies))
-        wall = time.perf_counter() - started
-        server_cpu = sum(server.cpu_times()[:2]) - cpu_before
-        async with http.get(f"{url}/pivot_stats") as answer:
-            stats = await answer.json()
-    measured = {"ms_per_sample": 1000 * wall / len(bodies), "latency_ms_p50": statistics.median(latencies),
-                "server_cpu_ms_per_sample": 1000 * server_cpu / len(bodies)}  # fmt: skip
-    return {"samples": len(bodies), "concurrency": concurrency, "server_mean_verdict_ms": stats["mean_verdict_ms"]} | (
-        measured  # server_mean_verdict_ms: the handler's own time, the warm-up's rebuilds included
-    )
+        async def rebuilt() -> int:
+            async with http.get(f"{url}/pivot_stats") as answer:
+                return (await answer.json())["states_rebuilt"]
+
+        for first in range(0, len(pivots), MAX_PIVOT_STATES):
+            chunk = pivots[first : first + MAX_PIVOT_STATES]
+            bodies = []
+            for pivot in chunk:
+                arguments = json.loads(pivot["expected_action"]["arguments"])
+                bodies += [verify_body(pivot, variant) for variant in (arguments, mutated(arguments, pool)) if variant]
+            await asyncio.gather(*(post(verify_body(p, json.loads(p["expected_action"]["arguments"]))) for p in chunk))
+            latencies.clear()  # the warm-up: each pivot's state rebuilt once
+            before = await rebuilt()
+            cpu_before, started = sum(server.cpu_times()[:2]), time.perf_counter()
+            await asyncio.gather(*(post(body) for body in bodies))
+            wall += time.perf_counter() - started
+            server_cpu += sum(server.cpu_times()[:2]) - cpu_before
+            rebuilt_while_timed += await rebuilt() - before
+            timed += latencies
+            samples += len(bodies)
+    return {"samples": samples, "concurrency": concurrency, "ms_per_sample": 1000 * wall / samples,
+            "latency_ms_p50": statistics.median(timed), "server_cpu_ms_per_sample": 1000 * server_cpu / samples,
+            "states_rebuilt_while_timed": rebuilt_while_timed}  # fmt: skip
 
 
 def profiling(url: str, server_pid: int, candidates: list[dict], pool: dict, samples: int, work: Path) -> dict:

@@ -16,8 +16,8 @@
 # (../shared/vendor/nemo-gym-c3bac96, or NEMO_TAU2_NEMO_GYM_SOURCE) kept in this environment's folder: NeMo-Gym
 # builds its own servers' virtualenvs inside that tree. That commit declares Python >= 3.13.14; where pyenv's 3.13 is
 # older, uv installs for 3.13.14 (scripts/uv_python_3.13.14.toml, as for NeMo-Gym 0.7.0).
-# Where: ~/.cache/nemo-tau2/nemo-rl-<commit>-gym-<gym>-py<version>. Idempotent: a stamp (what is installed) written
-# last; a later run with the same stamp only checks that NeMo-RL's Gym path imports.
+# Where: ~/.cache/nemo-tau2/nemo-rl-<commit>-gym-<gym>-py<version>-<origin key>. Idempotent: a stamp (what is
+# installed) written last; a later run with the same stamp only checks that NeMo-RL's Gym path imports.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -76,7 +76,10 @@ fi
 VERSION="$("$PYTHON" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])')"
 TARGET=(--python-version "${DECLARED:-$VERSION}")
 
-ENV_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/nemo-tau2/nemo-rl-$NEMO_RL_COMMIT-gym-$GYM_LABEL-py$WANT_MINOR"
+# One folder per origin: the .pth names NeMo-RL's source folder, so two checkouts whose ../shared sits elsewhere (a
+# CI mount beside this box's own) would otherwise rebuild one shared folder for each other on every run.
+ORIGIN_KEY="$(printf '%s %s' "$NEMO_RL" "${GYM_SOURCE:-}" | sha256sum | cut -c1-8)"
+ENV_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/nemo-tau2/nemo-rl-$NEMO_RL_COMMIT-gym-$GYM_LABEL-py$WANT_MINOR-$ORIGIN_KEY"
 # What NeMo-RL's Gym path imports (nemo_rl.environments.nemo_gym, experience.rollouts, data, algorithms.grpo's batch
 # functions, utils.config) and nothing of its GPU backends
 PACKAGES=(torch "ray[default]" transformers datasets omegaconf hydra-core wandb pillow pyzmq numpy torchdata pyyaml

@@ -21,9 +21,19 @@
 # site-packages once (env_cache_stamp); a script whose environment the suite starts dozens of processes of sets
 # BYTECODE_ON_REUSE=1, so a folder built before this rule is compiled on its next reuse too. The marker
 # "$ENV_DIR/.nemo_tau2_bytecode" says it is done.
+#
+# Working folder: uv reads the settings of the project it is run in, `uv pip` too: run from this checkout, every
+# build got our pyproject's [tool.uv] settings. A constraint there (filelock<3.30, now a dependency instead) met
+# NeMo-RL's lock (filelock 3.31.2) and vLLM's (4.2.11), and those builds failed on a machine without them cached.
+# Each environment installs its own pinned set, so env_cache_reuse_or_lock points uv's working folder
+# (UV_WORKING_DIR, its --directory) at the cache folder, outside any project; the user's own uv.toml still applies.
+# The script itself stays where it is: a pyenv shim finds `uv` by the folder it is run in. Build scripts pass uv
+# absolute paths.
 
 env_cache_reuse_or_lock() {
-  mkdir -p "$(dirname "$ENV_DIR")"
+  export UV_WORKING_DIR
+  UV_WORKING_DIR="$(dirname "$ENV_DIR")"
+  mkdir -p "$UV_WORKING_DIR"
   exec 9>"$ENV_DIR.lock"
   flock 9
   local check=imports_ok

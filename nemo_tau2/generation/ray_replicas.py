@@ -333,8 +333,10 @@ class RayGeneration:
                 try:
                     health = ray.get(replica["actor"].health.remote(), timeout=30)
                     replica["slow_probes"] = replica.get("slow_probes", 0) + 1 if health == "slow" else 0
+                    replica["probes"] = replica.get("probes", 0) + 1  # a fresh answer can be told from an old one
                     if health == "down" or replica["slow_probes"] >= HEALTH_MISSES:
-                        reason = f"its server stopped answering /health ({health})"
+                        misses = f", {replica['slow_probes']} probes in a row" if health == "slow" else ""
+                        reason = f"its server stopped answering /health ({health}{misses})"
                 except ray.exceptions.GetTimeoutError:
                     reason = "its actor did not answer for 30 s"
                 except ray.exceptions.RayError:

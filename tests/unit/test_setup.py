@@ -125,6 +125,30 @@ def test_the_build_scripts_rule_reuses_a_stamped_environment_rebuilds_any_other_
     assert "reusing" in build("probe 3").stderr
 
 
+def test_a_build_runs_uv_outside_the_checkout_so_our_uv_settings_reach_no_other_projects_environment(tmp_path):
+    """uv reads the [tool.uv] settings of the project it runs in, `uv pip install` too: a build started from a
+    checkout whose pyproject constrained filelock<3.30 got the constraint, which NeMo-RL's and vLLM's pinned sets
+    contradict (CI's set-up failed on it). The rule points uv at the build's cache folder before it installs anything.
+    A miniature checkout carries that constraint; the probe asks uv, offline and without installing, for the
+    filelock that NeMo-RL's lock pins, from a build started there and, as the control, from the checkout itself."""
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    (checkout / "pyproject.toml").write_text(
+        '[project]\nname = "probe"\nversion = "0"\n\n[tool.uv]\nconstraint-dependencies = ["filelock<3.30"]\n'
+    )
+    pin = env_python.ROOT / ".python-version"  # pyenv's uv shim finds its interpreter by the folder
+    if pin.exists():
+        (checkout / pin.name).write_text(pin.read_text())
+    probe = f"uv pip install --dry-run --offline --no-deps --python {sys.executable} filelock==3.31.2 2>&1 || true"
+    script = MINIATURE_BUILD.replace('log "building', f'{probe}; exit 0; log "building')
+    command = ["bash", "-c", script, "build", str(ENV_CACHE), str(tmp_path / "env"), "probe 1", sys.executable]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=checkout)
+    assert result.returncode == 0, result.stderr
+    unruled = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=60, cwd=checkout)
+    assert "filelock<3.30" in unruled.stdout, unruled.stdout  # the probe sees the checkout's settings there
+    assert "filelock<3.30" not in result.stdout, result.stdout
+
+
 def test_a_build_with_a_reuse_check_reuses_on_it_alone_and_rebuilds_when_it_fails(tmp_path):
     """A build script that defines reuse_ok (NeMo-RL's: its full import takes ~26 s): a stamped folder is reused on
     that check alone, without the full one; when it fails (a module gone), the folder is built again."""

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import tau2.evaluator.evaluator_nl_assertions as nl_assertions
 from openai import OpenAI
+from pydantic.errors import PydanticUserError
 
 #: tau2's own key variable per provider (its embedders read it when given no key).
 DEFAULT_KEY_VARIABLES = {"openai": "OPENAI_API_KEY", "openrouter": "OPENROUTER_API_KEY"}
@@ -168,7 +169,13 @@ def connect_reranker(
     """Register, for tau2's ``pointwise_llm_reranker``, a subclass of its own whose client is the configured
     endpoint. tau2 drops a document whose rating fails (``rate_doc`` returns None on any exception): a silent
     change of the search results, so each such failure is recorded here and the request answers it as an
-    infrastructure error."""
+    infrastructure error.
+
+    One failure is asked again first: the OpenAI client's own ``PydanticUserError``. tau2 rates in a pool of fresh
+    threads, ``parse`` builds its generic response classes in each (pydantic caches them per thread), and pydantic's
+    class building is not thread-safe, so a rating can meet a class another thread is still building ("BaseModel
+    cannot be instantiated directly", once in a fresh-clone CI run, 2026-12-04). The endpoint had answered and a
+    rating is a read, so asking again is safe; a second failure is recorded as any other."""
     import tau2.knowledge.postprocessors.pointwise_llm_reranker  # noqa: F401  (its import registers it)
     import tau2.knowledge.registry as registry
 
@@ -191,7 +198,10 @@ def connect_reranker(
 
         def _rate_passage(self, query: str, doc_id: str, passage: str) -> int:
             try:
-                return super()._rate_passage(query, doc_id, passage)
+                try:
+                    return super()._rate_passage(query, doc_id, passage)
+                except PydanticUserError:  # the client's own classes, half built by another thread (see above)
+                    return super()._rate_passage(query, doc_id, passage)
             except Exception as e:
                 record_fault(f"reranker at {self.client.base_url} failed ({type(e).__name__}: {_one_line(e)})")
                 raise

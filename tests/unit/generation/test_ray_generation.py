@@ -28,7 +28,7 @@ from nemo_tau2.evals.eval import setup_eval
 from nemo_tau2.experience.rollouts import OK, SamplingParams, run_nemo_gym_rollout_sync
 from nemo_tau2.generation import GenerationConfig, start_generation
 from nemo_tau2.generation.errors import GenerationStartupError, WeightUpdateError
-from nemo_tau2.generation.ray_replicas import RayGeneration
+from nemo_tau2.generation.ray_replicas import HEALTH_MISSES, RayGeneration
 from nemo_tau2.generation.replica_logs import head_log_name, read_log_tails
 from nemo_tau2.generation.tiny_model import build_tiny_model
 from nemo_tau2.gym.environment import Tau2Environment, Tau2EnvironmentSpec
@@ -135,12 +135,17 @@ def test_replicas_land_on_the_gpu_nodes_serve_episodes_and_a_lost_one_is_restart
         assert [r.status for r in results] == [OK] * 4 and all(r.reward == 1.0 for r in results)
         assert all(_chat_requests(url) > 0 for url in env.policy.base_urls)  # both replicas served turns
 
-        # Two probes in a row unanswered (a busy machine) lose no replica; the next answer clears them
+        # Two probes in a row unanswered (a busy machine) lose no replica; the next answer clears them. The faults
+        # go in just after an answered probe, so that a slow answer the busy box gave before cannot make a third.
         busy = env.policy.base_urls[0].removesuffix("/v1")
-        fault = {"kind": "timeout", "route": "health", "count": 2, "hold_s": 7}
+        probes, deadline = replicas.replicas[0].get("probes", 0), time.monotonic() + 30
+        while replicas.replicas[0].get("probes", 0) == probes or replicas.replicas[0]["slow_probes"]:
+            assert time.monotonic() < deadline and not replicas.lost, replicas.lost
+            time.sleep(0.05)
+        fault = {"kind": "timeout", "route": "health", "count": HEALTH_MISSES - 1, "hold_s": 7}
         requests.post(f"{busy}/fake/control", json={"faults": [fault]}, timeout=10).raise_for_status()
         deadline = time.monotonic() + 90
-        while replicas.replicas[0].get("slow_probes") != 0 or _faults(busy) < 2:
+        while replicas.replicas[0]["slow_probes"] != 0 or _faults(busy) < HEALTH_MISSES - 1:
             assert time.monotonic() < deadline and not replicas.lost, replicas.lost
             time.sleep(0.2)
         assert not replicas.lost and env.policy.base_urls == [r["base_url"] for r in replicas.replicas]

@@ -241,9 +241,11 @@ def test_ng_run_serves_banking_knowledge_from_its_config(gym_copy):
 def test_a_failed_start_leaves_no_process_behind(gym_copy):
     """A config error in one server, started with ``gym env start`` (NeMo-Gym's newer spelling of ``ng_run``): it
     gives up, and neither the servers it had started (ours and NeMo-Gym's own model servers) nor its Ray cluster
-    outlive it."""
+    outlive it. The servers' venvs are the ones the default-venv test built (NeMo-Gym's ``skip_venv_if_present``;
+    built here when that test did not run): building them again cost ~50 s and is not what this test checks."""
     log = gym_copy / "gym_env_start_failing.log"
-    start = _start_servers(GYM_ENV_START, gym_copy, log, "++tau2_agent.responses_api_agents.tau2_agent.max_steps=0")
+    failing = "++tau2_agent.responses_api_agents.tau2_agent.max_steps=0"
+    start = _start_servers(GYM_ENV_START, gym_copy, log, "+skip_venv_if_present=true", failing)
     try:
         start.wait(timeout=START_TIMEOUT_S)
     except subprocess.TimeoutExpired:

@@ -11,6 +11,7 @@ shipped config against NeMo-RL's own GRPO config. The episode configs (GRPO on t
 banking_knowledge) run through the same path in test_nemo_rl_client_episodes.py (the extended tier: docs/testing.md);
 a real model's episode on NeMo-Gym 0.4.0 in test_nemo_rl_client_gym04.py."""
 
+import re
 import shutil
 
 import pytest
@@ -53,7 +54,7 @@ def nemo_rl_runs(tmp_path_factory):
             USER_SIM_API_KEY="EMPTY",
         )
         configs = sorted(str(path) for path in CONFIGS.glob("*.yaml"))
-        return run_nemo_rl(python, runs, workdir, workdir / "summary.json", env, configs)
+        return run_nemo_rl(python, runs, workdir, workdir / "summary.json", env, configs) | {"_checkout": checkout}
 
 
 def test_grpo_on_tau2_pivots_plays_one_turn_per_pivot_scored_in_a_fork(nemo_rl_runs):
@@ -71,6 +72,21 @@ def test_grpo_on_tau2_pivots_plays_one_turn_per_pivot_scored_in_a_fork(nemo_rl_r
     # the servers NeMo-Gym installed beside the pinned commit resolved nemo-gym to a release that accepts its openai
     log = nemo_rl_runs["_log"]
     assert "+ nemo-gym==0.5.1" in log and "unsatisfiable" not in log
+    # and our servers' venvs got filelock below 3.30, which installs no audit hook: our dependency carries the bound
+    # wherever NeMo-Gym builds them (NeMo-Gym's own model server, which copies no tau2 state, gets what it resolves)
+    filelocks = _filelocks_in_server_venvs(nemo_rl_runs["_checkout"])
+    assert sorted(filelocks) == ["resources_servers/tau2_pivot", "responses_api_agents/tau2_agent"], filelocks
+    assert all(len(found) == 1 and found[0] < (3, 30) for found in filelocks.values()), filelocks
+
+
+def _filelocks_in_server_venvs(checkout) -> dict[str, list[tuple[int, int]]]:
+    """Each server folder's venv (built by NeMo-Gym in the checkout's copy): the filelock releases installed there."""
+    found = {}
+    for site in checkout.glob("*/*/.venv/lib/python3.*/site-packages"):
+        infos = site.glob("filelock-*.dist-info")
+        versions = [re.match(r"filelock-(\d+)\.(\d+)", info.name).groups() for info in infos]
+        found[str(site.parents[3].relative_to(checkout))] = [(int(major), int(minor)) for major, minor in versions]
+    return found
 
 
 def test_the_shipped_configs_have_every_key_nemo_rls_own_grpo_config_has(nemo_rl_runs):

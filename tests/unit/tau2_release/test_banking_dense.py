@@ -6,12 +6,13 @@ tool answer the policy is scored on) and the retried call then answers as tau2 d
 that cannot embed is refused at start in one line; the eval's Gym servers serve the variant end to end."""
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from nemo_tau2.evals.eval import run_eval, setup_eval
-from nemo_tau2.tau2_release.client import Tau2ServiceError, Tau2Worker, Tau2WorkerError
+from nemo_tau2.tau2_release.client import Tau2ServiceError, Tau2Worker, Tau2WorkerError, worker_environment
 from nemo_tau2.tau2_release.config import EmbeddingsConfig, NLJudgeConfig, Tau2ReleaseConfig
 from nemo_tau2.testing.fake_server import start_fake_server
 from tests.tau2_v1_env import tau2_v1_python
@@ -187,6 +188,49 @@ def test_the_reranker_variant_scores_and_answers_as_tau2_and_a_failed_rating_is_
     )
     assert "Score: " in answered["content"]
     reranked_worker.request("end", episode_id=seeded["episode_id"])
+
+
+# The worker's reranker, connected to the judge, rates one document in tau2's own class after the OpenAI client's
+# pydantic race (a PydanticUserError raised in the client) has hit its first attempt, then its first two.
+RACING_RATINGS = """
+import json, sys
+import nemo_tau2_tau2_services as services
+import tau2.knowledge.registry as registry
+from pydantic.errors import PydanticUserError
+from tau2.knowledge.postprocessors.pointwise_llm_reranker import PointwiseLLMReranker
+
+services.connect_reranker(sys.argv[1], None, None, 30.0)
+reranker = registry.POSTPROCESSORS["pointwise_llm_reranker"]()
+tau2_rating, races = PointwiseLLMReranker._rate_passage, [0]
+
+def racing(self, *args):
+    if races[0]:
+        races[0] -= 1
+        raise PydanticUserError("BaseModel cannot be instantiated directly", code="base-model-instantiated")
+    return tau2_rating(self, *args)
+
+PointwiseLLMReranker._rate_passage = racing
+for races[0] in (1, 2):
+    try:
+        rating = reranker._rate_passage("wire transfer limits", "doc_1", "Wire transfer limits are set per day.")
+    except PydanticUserError as e:
+        rating = type(e).__name__
+    print(json.dumps({"rating": rating, "faults": services.take_faults()}))
+"""
+
+
+def test_a_rating_the_client_failed_on_its_own_half_built_classes_is_asked_again_once(judge):
+    """The OpenAI client's `parse` builds its response classes per thread and pydantic's class building races
+    (seen once in a CI run's reranker test): the rating is asked again once and answers as tau2's own rating does;
+    a second failure in a row is recorded as an infrastructure fault, as any other."""
+    done = subprocess.run([tau2_v1_python(), "-c", RACING_RATINGS, judge.base_url],
+                          capture_output=True, text=True, timeout=180, env=worker_environment())  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    once, twice = (json.loads(line) for line in done.stdout.strip().splitlines()[-2:])
+    assert once == {"rating": 10, "faults": []}
+    (fault,) = twice["faults"]
+    assert twice["rating"] == "PydanticUserError" and fault.startswith(f"reranker at {judge.base_url}")
+    assert "failed (PydanticUserError: BaseModel cannot be instantiated directly" in fault
 
 
 def test_tau2s_default_alltools_scores_and_answers_as_tau2_with_both_services(judge, embedder, cache_dir, tmp_path):
