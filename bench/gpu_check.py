@@ -48,7 +48,7 @@ import torch
 from gpu_check_generation import generation_speed
 from gpu_check_levers import measure_levers
 from gpu_check_megatron import HEADER, MEGATRON_SUMMARY, measure_megatron, megatron_columns, megatron_missing
-from gpu_check_run import Budget, PeakMemory, grpo_step, project_commit
+from gpu_check_run import Budget, PeakMemory, grpo_step, kit_commit, project_commit
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import nemo_tau2  # noqa: F401  (offline settings first)
@@ -160,6 +160,9 @@ def check_shape(key: str, name: str, config, device: torch.device, sizes: dict, 
     if skipped:  # nothing of this shape starts: its other units would not fit either
         return record | {"skipped": skipped}
     started = time.monotonic()
+    # dynamo's compiled blocks and their count of recompiles start anew with each shape: otherwise the shapes before
+    # use up its recompile limit (8) and a later shape's blocks run eager (2026-12-04: 1.7B after 0.6B, 8B after 4B)
+    torch.compiler.reset()
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(with_layers(config, layers), dtype=torch.float32)
     matmul = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
@@ -365,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
                    "generation_error", *MEGATRON_SUMMARY)} for r in records},
         "memory_plan": {k: v for k, v in calibration.items() if k != "measurements"},
     }  # fmt: skip
+    stamped = kit_commit(Path(__file__).resolve().parents[1])
+    if stamped not in (None, summary["commit"]):  # the tree's git and the kit's stamp disagree: both recorded
+        summary["kit_commit"] = stamped
     if args.write_calibration:
         Path(args.write_calibration).write_text(json.dumps(summary | {"memory_plan": calibration}, indent=2) + "\n")
     _log(_table(records))

@@ -47,6 +47,7 @@ def _run(cfg: PolicyConfig, config, tokenizer, sequences: list[TrainingSequence]
     """A fresh model (seed 0) under ``cfg``: its logprobs of ``sequences``, then a first (compiling) step and
     ``steps`` timed ones."""
     torch.manual_seed(0)
+    torch.compiler.reset()  # each fresh model compiled anew, not counted against the models before (gpu_check.py)
     with torch.device(cfg.device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     policy = Policy(cfg, model=model, tokenizer=tokenizer, init_reference_model=True)

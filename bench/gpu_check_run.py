@@ -70,9 +70,15 @@ def project_commit(root: Path) -> str:
                                   check=True, timeout=30).stdout.strip()  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         pass
+    return kit_commit(root) or "unknown"
+
+
+def kit_commit(root: Path) -> str | None:
+    """The commit ``scripts/gpu_kit.sh`` stamped beside the wheels, if any. The summary records it beside git's when
+    they differ: a checkout carried with a ``.git`` of another state (the GPU loan's copy of a session's tree carried
+    its last landed commit, 2026-12-04) names the wrong commit through git alone."""
     stamped = root / "gpu_kit_wheels" / "COMMIT"
-    text = stamped.read_text().strip() if stamped.is_file() else ""
-    return text or "unknown"
+    return (stamped.read_text().strip() or None) if stamped.is_file() else None
 
 
 class PeakMemory:

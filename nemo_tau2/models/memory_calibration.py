@@ -101,7 +101,7 @@ def needs_correction(measurements: Sequence[PeakMeasurement]) -> bool:
 
 
 def kit_policy_config(name: str, tokens: int, *, device: str, chunk: int, max_len: int,
-                      activation_checkpointing: bool = True,
+                      activation_checkpointing: bool | str = True,
                       reshard_after_forward: bool | None = None) -> PolicyConfig:  # fmt: skip
     """The trainer config ``bench/gpu_check.py`` measures a shape with: one FSDP2 rank, packed micro-batches of
     ``tokens``, the reference model; bf16 on a GPU, fp32 on CPU (the dry run). ``reshard_after_forward``: None is the
@@ -127,7 +127,7 @@ class LadderPoint:
 
     shape: str
     tokens: int
-    activation_checkpointing: bool
+    activation_checkpointing: str  # the mode: ``full``, ``selective`` or ``none``
     measured_bytes: float | None  # None: it ran out of memory
     estimated_bytes: float
     device_memory_bytes: float
@@ -154,7 +154,8 @@ def ladder_points(records: Sequence[dict], shapes: dict[str, ModelShape]) -> lis
     points = []
     for r in ladders:
         shape = with_blocks(shapes[r["shape"]], r["layers"])
-        checkpointing = r.get("activation_checkpointing", True)
+        checkpointing = r.get("activation_checkpointing", True)  # the mode; records before modes: a boolean
+        checkpointing = {True: "full", False: "none"}.get(checkpointing, checkpointing)
         resharded = r.get("reshard_after_forward", True)  # records before the key: FSDP2's default, resharding
         memory = r.get("device_memory_bytes") or largest[r["device"]]
         for index, row in enumerate(r["ladder"]):

@@ -331,6 +331,7 @@ def test_the_record_names_this_projects_commit_never_an_enclosing_checkouts(gpu_
     _git("add", "README", cwd=project)
     _git("commit", "-q", "-m", "inner", cwd=project)
     assert commit(project) == _git("rev-parse", "--short", "HEAD", cwd=project) != commit(outer)
+    assert gpu_check["kit_commit"](project) == "abc1234"  # the stamp, which the summary records beside git's
 
 
 def test_a_unit_the_time_budget_cannot_fit_is_skipped_and_named_in_the_record(gpu_check):

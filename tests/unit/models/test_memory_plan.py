@@ -93,7 +93,7 @@ def _run_grpo_main(monkeypatch, capsys, *argv: str) -> tuple[int, str, str]:
     ("name", "expected"),
     [
         ("grpo_tau2_cpu_smoke.yaml", ["trainer rank (CPU) x 1", "from tiny_policy (built on first run)"]),
-        ("grpo_tau2_qwen3_4b.yaml", ["4.02 B parameters", "trainer rank GPU x 7", "45.86 GB  total: fits"]),
+        ("grpo_tau2_qwen3_4b.yaml", ["4.02 B parameters", "trainer rank GPU x 7", "45.77 GB  total: fits"]),
         ("pivot_rl_tau2_qwen3_4b.yaml", ["4.02 B parameters", "trainer rank GPU x 7", "GPUs: 8 of 8"]),  # run_pivot_rl
         ("pivot_rl_tau2_cpu_smoke.yaml", ["trainer rank (CPU) x 1", "from tiny_policy (built on first run)"]),
         ("grpo_tau2_qwen3_8b.yaml", ["8.19 B parameters", "trainer rank GPU x 6", "vLLM GPU x 2", "GPUs: 8 of 8"]),
