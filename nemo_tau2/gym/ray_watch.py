@@ -12,7 +12,7 @@ A lost server takes the servers that depend on it along: an agent's model server
 replica takes the agents that use it alone (their episodes' sessions lived there). Their URLs go to the servers'
 :class:`~nemo_tau2.gym.replica_health.ReplicaHealth` (the rollouts stop sending there and end the episodes in flight
 there); what still runs of them is killed, and they are started again while ``gym_server_restarts`` allows, else
-dropped.
+dropped. A node Ray marked dead has its lease renewed no more, so whatever still runs there ends with it.
 """
 
 import contextlib
@@ -43,6 +43,7 @@ class GymServerWatch:
         self.lost_groups: dict[int, ServerLoss] = {}  # group index -> the cause it was dropped for
         self.restarts: dict[int, int] = {}
         self._failures: dict[str, int] = {}  # server name -> probes failed in a row
+        self._dead_nodes: set[str] = set()  # the nodes Ray marked dead at the last check
         self._stopping = threading.Event()
         self._probes = ThreadPoolExecutor(max_workers=min(32, len(servers.specs)), thread_name_prefix="gym-probe")
         self._thread = threading.Thread(target=self._run, name="nemo-tau2-gym-watch", daemon=True)
@@ -78,6 +79,7 @@ class GymServerWatch:
                         return
                     if self.servers.url(name) == url:  # not started again meanwhile (with a group lost before it)
                         self._lose(name, found)
+                self._release_dead_nodes()
             except Exception:  # the watcher must outlive any one bad check
                 logger.exception("Gym server health check failed")
 
@@ -103,7 +105,7 @@ class GymServerWatch:
         group_of = self._groups_of()
         live = [name for name in servers.placement if group_of[name] not in self.lost_groups]
         found: dict[str, str] = {}
-        dead = {node["NodeID"] for node in ray.nodes() if not node.get("Alive")}
+        dead = self._dead_nodes = {node["NodeID"] for node in ray.nodes() if not node.get("Alive")}
         for name in live:
             node = servers.placement[name]
             if node["node_id"] in dead:
@@ -177,6 +179,19 @@ class GymServerWatch:
                 for spec in servers.groups[i].specs:
                     self._failures.pop(spec.name, None)
             logger.warning("Gym server groups %s restarted", sorted(affected))
+
+    def _release_dead_nodes(self) -> None:
+        """Release the launcher of each node Ray marked dead, once its servers were declared lost (and killed where
+        that could reach them): it leaves ``servers.launchers``, which the head's lease renewer reads, so the node's
+        lease is renewed no more and whatever still runs there ends within ``lease_timeout_s``. Ray schedules
+        nothing there again. Before, only a restart elsewhere released it: a group dropped (no restart left) kept
+        its dead node's launcher, and the head renewed that node's lease until the run ended."""
+        servers, ray = self.servers, self.servers._ray
+        for node_id in self._dead_nodes & set(servers.launchers):
+            launcher = servers.launchers.pop(node_id)
+            with contextlib.suppress(ray.exceptions.RayError, ValueError):
+                ray.kill(launcher)
+            logger.warning("Ray node %s is dead: its Gym launcher released, its lease no longer renewed", node_id)
 
     def _kill(self, names: list[str]) -> None:
         """Best effort: a lost server still running (stopped, hung) is killed through its node's launcher."""
