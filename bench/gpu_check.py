@@ -70,8 +70,8 @@ PEAK_BF16_TFLOPS = {"H100 PCIe": 756.0, "H100": 989.0, "H200": 989.0}  # dense; 
 LENGTHS = Path(__file__).parent / "data" / "tau2_test_episode_lengths.json"
 # The recipes' loss (examples/configs/grpo_tau2_qwen3_4b.yaml) and sizes.
 LOSS = ClippedPGLossFn(ClippedPGLossConfig(ratio_clip_max=0.28, use_importance_sampling_correction=True))
-GPU = {"max_len": 32768, "budgets": (4096, 8192, 16384, 32768, 65536), "chunk": 1024, "gen": (1024, 128)}
-DRY_RUN = {"max_len": 128, "budgets": (128, 256), "chunk": 32, "gen": (16, 4)}
+GPU = {"max_len": 32768, "budgets": (4096, 8192, 16384, 32768, 65536), "chunk": 1024, "gen": (1024, 128), "turn": 1024}
+DRY_RUN = {"max_len": 128, "budgets": (128, 256), "chunk": 32, "gen": (16, 4), "turn": 32}
 ERRORS = {"error", "timed_error", "generation_error", "megatron_error"}  # a shape with any of them failed
 TINY_QWEN3 = {"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
               "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 1024,
@@ -94,6 +94,19 @@ def episodes(budget: int, max_len: int, vocab: int, seed: int) -> list[TrainingS
         ids = torch.randint(10, vocab, (n,), generator=generator).tolist()
         out.append(TrainingSequence(ids, mask, [-1.0 * m for m in mask], advantage=1.0 if len(out) % 2 else -1.0))
         left -= n
+    return out
+
+
+def single_turns(budget: int, turn: int, vocab: int, seed: int) -> list[TrainingSequence]:
+    """``budget`` tokens as sequences of ``turn`` tokens (the last one takes the remainder): a prompt, then one
+    sampled turn of an eighth of it (mask 1), as PivotRL trains a pivot's turn."""
+    generator = torch.Generator().manual_seed(seed)
+    lengths = [turn] * (budget // turn - 1) + [budget - turn * (budget // turn - 1)]
+    out = []
+    for n in lengths:
+        ids = torch.randint(10, vocab, (n,), generator=generator).tolist()
+        mask = [0] * (n - n // 8) + [1] * (n // 8)
+        out.append(TrainingSequence(ids, mask, [-1.0 * m for m in mask], advantage=1.0 if len(out) % 2 else -1.0))
     return out
 
 
@@ -179,8 +192,9 @@ def check_shape(key: str, name: str, config, device: torch.device, sizes: dict, 
         record |= torch_steps(cfg, model, tokenizer, batches, cluster, shape, figures, args.steps, meter)
         fitting = [row["tokens"] for row in record["ladder"] if row["fits"] and row["tokens"] <= timed_budget]
     if args.levers and fitting:  # the timed micro-batch, each lever off in turn (fresh models, same seed)
+        turns = single_turns(max(fitting), sizes["turn"], shape.vocab_size, seed=1)
         record |= measure_levers(cfg, with_layers(config, layers), tokenizer, batches[max(fitting)], args.steps,
-                                 LOSS, figures, functools.partial(_free, device))  # fmt: skip
+                                 LOSS, figures, functools.partial(_free, device), turns)  # fmt: skip
     del model
     budget.finished("torch", key, time.monotonic() - started)
     if initial is not None:
