@@ -48,7 +48,7 @@ import torch
 from gpu_check_generation import generation_speed
 from gpu_check_levers import measure_levers
 from gpu_check_megatron import HEADER, MEGATRON_SUMMARY, measure_megatron, megatron_columns, megatron_missing
-from gpu_check_run import Budget, PeakMemory, grpo_step, kit_commit, project_commit
+from gpu_check_run import Budget, PeakMemory, grpo_step, kit_commit, one_line, project_commit
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import nemo_tau2  # noqa: F401  (offline settings first)
@@ -220,7 +220,7 @@ def check_shape(key: str, name: str, config, device: torch.device, sizes: dict, 
             try:
                 record["generation_tokens_per_s"] = generation_speed(config, tokenizer, device, sizes["gen"])
             except Exception as e:  # the trainer's figures above still count
-                record["generation_error"] = _one_line(e)
+                record["generation_error"] = one_line(e)
             _free(device)
             budget.finished("generation", key, time.monotonic() - started)
     return record | ({"skipped": skipped} if skipped else {})
@@ -252,7 +252,7 @@ def torch_steps(cfg: PolicyConfig, model, tokenizer, batches: dict, cluster, sha
                 score_s, train_s = statistics.median(t[0] for t in times), statistics.median(t[1] for t in times)
                 out |= figures([len(s) for s in batches[timed]], score_s, train_s)
             except Exception as e:
-                out["timed_error"] = _one_line(e)
+                out["timed_error"] = one_line(e)
     finally:
         policy.shutdown()
         del policy
@@ -285,10 +285,6 @@ def _emit(line: str, out) -> None:
 
 def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def _one_line(error: BaseException) -> str:
-    return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:300]}"
 
 
 def _table(records: list[dict]) -> str:
@@ -362,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             record = check_shape(key, name, config, device, sizes, args, peak_tflops, meter, budget)
         except Exception as e:  # a failed shape is reported as such and the others still run
-            record = {"shape": name, "error": _one_line(e)}
+            record = {"shape": name, "error": one_line(e)}
             _log(f"{name}: failed: {record['error']}")
             _free(device)
         records.append({"check": "gpu_check", "device": card} | record)

@@ -18,7 +18,7 @@ import statistics
 from collections.abc import Callable
 
 import torch
-from gpu_check_run import grpo_step
+from gpu_check_run import grpo_step, one_line
 from transformers import AutoModelForCausalLM
 
 from nemo_tau2.models.policy import PolicyConfig, TrainingSequence
@@ -75,7 +75,7 @@ def measure_levers(cfg: PolicyConfig, config, tokenizer, sequences: list[Trainin
     try:
         base = _run(_with(cfg, ALL_ON), config, tokenizer, _fresh(sequences), steps, loss, figures, free)
     except Exception as e:  # noqa: BLE001  (the record says why)
-        return {"levers_error": f"all levers on: {_one_line(e)}"}
+        return {"levers_error": f"all levers on: {one_line(e)}"}
     out = {"levers_all_on": base["result"]}
     runs = [(name, change, sequences, base) for name, change in LEVERS_OFF.items()]
     if turns:
@@ -83,12 +83,12 @@ def measure_levers(cfg: PolicyConfig, config, tokenizer, sequences: list[Trainin
             turns_base = _run(_with(cfg, ALL_ON), config, tokenizer, _fresh(turns), steps, loss, figures, free)
             runs.append(("varlen_attention_turns", LEVERS_OFF["varlen_attention"], turns, turns_base))
         except Exception as e:  # noqa: BLE001
-            out["lever_varlen_attention_turns"] = {"error": f"all levers on: {_one_line(e)}"}
+            out["lever_varlen_attention_turns"] = {"error": f"all levers on: {one_line(e)}"}
     for name, change, batch, on in runs:
         try:
             off = _run(_with(cfg, ALL_ON, change), config, tokenizer, _fresh(batch), steps, loss, figures, free)
         except Exception as e:  # noqa: BLE001
-            out[f"lever_{name}"] = {"error": _one_line(e)}
+            out[f"lever_{name}"] = {"error": one_line(e)}
             continue
         out[f"lever_{name}"] = _compared(on, off) | ({"sequences": len(batch)} if batch is not sequences else {})
     return out
@@ -109,7 +109,3 @@ def _compared(on: dict, off: dict) -> dict:
         "speedup": round(on_speed / off_speed, 3), "max_abs_logprob_diff": round(diff, 5),
         "first_loss_diff": abs(on["loss"] - off["loss"]), "off": off["result"],
     }  # fmt: skip
-
-
-def _one_line(e: BaseException) -> str:
-    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"

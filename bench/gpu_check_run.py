@@ -81,6 +81,11 @@ def kit_commit(root: Path) -> str | None:
     return (stamped.read_text().strip() or None) if stamped.is_file() else None
 
 
+def one_line(error: BaseException) -> str:
+    """An error as one bounded line for a record: its type and the first line of its message."""
+    return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:300]}"
+
+
 class PeakMemory:
     """Peak bytes over a window. GPU: the caching allocator's peak reservation plus what the process holds outside
     it (context, NCCL, cuBLAS workspace). CPU (dry run): peak resident set (Linux VmHWM, reset through
