@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Everything the project, its examples and its whole test suite need, from nothing (after `pip install uv`):
 #
-#   scripts/setup.sh               # what the examples and CI's suite need (all but gym07 and nemo-rl-gym04), the
+#   scripts/setup.sh               # what the examples and CI's suite need (all but nemo-rl-gym04), the
 #                                  # parts side by side (scripts/lanes.sh); reruns take seconds (each part is cached)
-#   scripts/setup.sh extended      # that, and the extended tier's environments (gym07, nemo-rl-gym04)
+#   scripts/setup.sh extended      # that, and the extended tier's environment (nemo-rl-gym04)
 #   scripts/setup.sh vllm          # one part: project | chromium | sandbox | vllm | smollm2 | tau2-v1 | gym07 | nemo-rl
 #                                  #           | nemo-rl-gym04
 #
@@ -17,8 +17,8 @@
 #             vendored release beside the checkout (../shared/vendor/tau2-bench-1.0.1) where there is one, else tau2's
 #             git tag
 #   gym07     NeMo-Gym 0.7.0's Python 3.13 environment for the Gym side's tests on that release
-#             (scripts/build_gym07_env.sh: pyenv's 3.13, uv installing for the 3.13.14 that 0.7.0 declares); only the
-#             extended tier uses it
+#             (scripts/build_gym07_env.sh: pyenv's 3.13, uv installing for the 3.13.14 that 0.7.0 declares); CI's suite
+#             runs 0.7.0's stored-rollout tools in it (tau2_release/test_stored_rollout_tools.py)
 #   nemo-rl   NeMo-RL's Gym path (its vendored source on the path, its lock's versions) on the NeMo-Gym commit it pins,
 #             Python 3.13, for the tests that run NeMo-RL's own code against our servers (scripts/build_nemo_rl_env.sh)
 #   nemo-rl-gym04  the same on NeMo-Gym 0.4.0, Python 3.12; only the extended tier uses it
@@ -35,9 +35,9 @@ log() { echo "[setup] $*" >&2; }
 PARTS=(project chromium sandbox vllm smollm2 tau2-v1 gym07 nemo-rl nemo-rl-gym04)
 # The parts side by side (scripts/lanes.sh): a lane's parts in order, where one needs another (SmolLM2's conversion runs
 # in the project's environment) or they share a lock (apt-get). From nothing, one after another took ~13 minutes here.
-LANES=("project smollm2" "chromium sandbox" "vllm" "tau2-v1" "nemo-rl")
+LANES=("project smollm2" "chromium sandbox" "vllm" "tau2-v1" "nemo-rl" "gym07")
 # The extended tier's (`pytest --extended`; its tests also build these on first use)
-EXTENDED_LANES=("gym07" "nemo-rl-gym04")
+EXTENDED_LANES=("nemo-rl-gym04")
 SRT_VERSION=0.0.23  # tau2 v1.0.1's knowledge/sandbox_manager.py: 0.0.24+ leave stubs behind on Linux
 
 python312() {

@@ -121,7 +121,6 @@ EXTENDED_MODULES = frozenset(
         # stop 61 (this box, 2026-12-02): the suite had grown to ~9,700 worker-s, ~87 min of CI's 90; these repeat
         # on another Gym release or another interface what CI still runs (docs/testing.md's table)
         "gym/test_nemo_gym_0_7.py",  # the Gym side on NeMo-Gym 0.7.0 (CI: the same files on 0.4.0, NeMo-RL's pin)
-        "tau2_release/test_stored_rollout_tools.py",  # 0.7.0's and tau2's CLIs on an export (CI: the export's own)
         "tau2_release/test_banking_report.py",  # the report on banking (CI: the report package's own evaluations)
         # and, from the same run's rate (~2 worker-s a second, 24% of the tests at 63 min), these
         "evals/test_eval_vllm.py",  # an eval on the real vLLM engine (CI: the engine in test_vllm_live.py)

@@ -96,6 +96,6 @@ def test_setups_lanes_hold_every_part_once_and_the_default_leaves_out_only_the_e
     default_lanes = [lane.split() for lane in arrays[1].rstrip("|").split("|")]
     default = [part for lane in default_lanes for part in lane]
     assert sorted(default + extended) == sorted(parts) and len(set(default + extended)) == len(parts)
-    assert extended == ["gym07", "nemo-rl-gym04"]
+    assert extended == ["nemo-rl-gym04"]
     assert ["project", "smollm2"] in default_lanes  # SmolLM2 is converted in the project's environment
     assert ["chromium", "sandbox"] in default_lanes  # both may run apt-get, which holds one lock

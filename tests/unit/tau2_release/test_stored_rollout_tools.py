@@ -7,8 +7,8 @@ fails on one retail NL task), after ``examples/export_rollouts.py``, each typed 
 - ``gym eval reverify`` of the exported rollouts, against the eval's own resources server (its release, its judge),
   gives every episode the reward the eval gave it; the ATIF v1.7 files are valid for 0.7.0's own ATIF model and its
   manifest loader (its reverify from ATIF refuses any conversation with a later user turn: docs/eval.md);
-- ``gym eval reverify --judge-failed-only`` (CI leaves it out: a second Ray and server start) gives the judge-failed
-  episode tau2 v1.0.1's own verdict;
+- ``gym eval reverify --judge-failed-only`` (a second Ray and server start) gives the judge-failed episode tau2
+  v1.0.1's own verdict;
 - ``tau2 evaluate-trajs`` re-scores the eval's ``tau2_results`` to the same rewards, and ``tau2 submit prepare`` /
   ``submit validate`` accept their format and trial counts (a leaderboard submission needs every base task: they
   then name exactly the tasks this eval left out).
@@ -174,7 +174,6 @@ def test_tau2_evaluate_trajs_and_submit_accept_our_tau2_results(stored, judge, w
     assert sorted(missing, key=len) == sorted(expected, key=len) and validate.returncode == 1
 
 
-@pytest.mark.extended
 def test_gym_eval_reverify_judge_failed_only_recovers_the_judge_failed_episode(stored, worker, tmp_path):
     gym = stored / "nemo_gym"
     failed = [(key, r) for key, r in _ours(stored).items() if r["status"] != "ok"]
