@@ -107,25 +107,18 @@ SLOW_MODULES = frozenset(
 
 
 # Modules CI leaves out: each repeats, on another release or at a larger scale, what a module CI runs already
-# checks, and together they held ~27 worker-minutes of a run that no longer fit CI's 90 minutes on the 2-core box
-# (stop 59; issue 58). They run with ``--extended`` (before a release, and after a change to what they cover); a
-# single such test of an otherwise CI module carries ``@pytest.mark.extended`` itself. What each covers that CI does
-# not is in docs/testing.md.
+# checks. Stops 59-61 (2026-12-02) moved 13 modules here, ~27 worker-minutes of a run that no longer fit CI's 90
+# minutes on the 2-core box then; session 36 (2026-12-04) brought 8 of them back into CI: the whole tier took 1,798
+# worker-s on that day's box, and these five 1,093 of it (issue 58 stays open on them). They run with
+# ``--extended`` (before a release, and after a change to what they cover); a single such test of an otherwise CI
+# module carries ``@pytest.mark.extended`` itself. What each covers that CI does not is in docs/testing.md.
 EXTENDED_MODULES = frozenset(
     {
         "test_peer_bench.py",  # the peer bench's quick run (NeMo-Gym 0.7.0's own tau2 agent beside ours): a benchmark
         "gym/test_nemo_rl_client_gym04.py",  # NeMo-RL's own Gym path on Gym 0.4.0 (CI runs it on its pinned Gym)
         "gym/test_nemo_rl_client_episodes.py",  # NeMo-RL's episode configs (CI: its pivot config, same path and Gym)
-        "algorithms/test_pipeline.py",  # the shipped CPU pipeline chained (CI runs SFT, RFT and GRPO each)
-        "tau2_release/test_tau2_submit_full.py",  # tau2 submit on every base task (CI: on a seven-task eval)
-        # stop 61 (this box, 2026-12-02): the suite had grown to ~9,700 worker-s, ~87 min of CI's 90; these repeat
-        # on another Gym release or another interface what CI still runs (docs/testing.md's table)
         "gym/test_nemo_gym_0_7.py",  # the Gym side on NeMo-Gym 0.7.0 (CI: the same files on 0.4.0, NeMo-RL's pin)
-        "tau2_release/test_banking_report.py",  # the report on banking (CI: the report package's own evaluations)
-        # and, from the same run's rate (~2 worker-s a second, 24% of the tests at 63 min), these
-        "evals/test_eval_vllm.py",  # an eval on the real vLLM engine (CI: the engine in test_vllm_live.py)
         "algorithms/test_grpo_vllm.py",  # GRPO on the real vLLM engine (CI: the engine, and GRPO on the fake)
-        "tau2_release/test_banking_variants.py",  # every offline variant against tau2 (CI: dense, shell, knowledge)
     }
 )
 

@@ -146,7 +146,6 @@ def test_grpo_raises_the_mean_reward_and_the_same_run_without_updates_does_not(t
     assert frozen["margin"] == pytest.approx(margin_before, abs=1e-5), (margin_before, frozen)
 
 
-@pytest.mark.extended  # CI: FSDP2 over two ranks in models/policy/test_sharded.py (stop 61)
 def test_grpo_with_fsdp2_on_two_ranks_raises_the_mean_reward(tiny_policy, start_reward, tmp_path):
     """The same learning run with the trainer sharded over 2 gloo ranks (Ray actors; rank 1 builds the model empty
     and receives its shards from rank 0) and the weights gathered from the shards into the hf engine each step."""
@@ -159,7 +158,6 @@ def test_grpo_with_fsdp2_on_two_ranks_raises_the_mean_reward(tiny_policy, start_
     assert sharded["margin"] > margin_before + 1.5, (margin_before, sharded["margin"])
 
 
-@pytest.mark.extended  # CI: async GRPO learning with in-flight updates, max age 2, below (stop 61)
 def test_async_grpo_with_max_age_1_raises_the_mean_reward(tiny_policy, start_reward, tmp_path):
     """The same learning run with async GRPO: the hf engine in its own process generates the next step's groups
     while the trainer trains, each group trained at most one step after the weights that generated it (the
@@ -366,10 +364,7 @@ def _check_step_files(logs: Path, metrics: dict[int, dict], save: str) -> int:
     return failed
 
 
-# the async case --extended only (stop 61, CI time): CI keeps the sync case and async GRPO's own learning run above
-@pytest.mark.parametrize(
-    "mode", [[], pytest.param(ASYNC_IN_FLIGHT, marks=pytest.mark.extended)], ids=["sync", "async"]
-)
+@pytest.mark.parametrize("mode", [[], ASYNC_IN_FLIGHT], ids=["sync", "async"])
 def test_run_grpo_killed_mid_run_resumes_where_its_last_checkpoint_left_off(tiny_policy, tmp_path, mode):
     """With failing episodes: each step's are recorded, once, and its log line names their cause."""
     command = [

@@ -128,7 +128,6 @@ def _trained_on(checkpoints: Path) -> tuple[str, str]:
     return state["tau2_version"], state["retrieval_variant"]
 
 
-@pytest.mark.extended  # CI: SFT and RFT in algorithms/test_sft_rft.py, banking's GRPO step above (stop 61)
 def test_sft_on_the_oracles_banking_episodes_then_an_rft_round_train_the_tiny_policy_and_name_the_variant(tmp_path):
     """The SFT/RFT path on banking_knowledge, script by script as the docstrings type it: the oracle teacher plays a
     banking task on the release (its gold, its scenario, bm25_grep), its episodes become SFT rows in the tiny policy's

@@ -1,7 +1,7 @@
 """tau2 v1.0.1's leaderboard tools on our ``tau2_results`` of an eval of every base task of the four domains (375
 episodes on the fake servers: the scripted oracle, user and judge): ``tau2 submit prepare``, its verification on, and
-``tau2 submit validate`` pass, the tasks' definitions included (each compared with the release's own by hash). CI
-leaves it out (~400 s); it runs the same commands on a seven-task eval (test_stored_rollout_tools.py)."""
+``tau2 submit validate`` pass, the tasks' definitions included (each compared with the release's own by hash). A
+smaller eval's export goes through the same commands beside NeMo-Gym 0.7.0's tools in test_stored_rollout_tools.py."""
 
 import pytest
 
