@@ -7,8 +7,7 @@ CUDA (Ray then sets the replica's ``CUDA_VISIBLE_DEVICES``), ``{"CPU": 1}`` othe
 one :class:`GenerationReplica` actor, which starts one replica of ``policy.generation`` on its node through the
 starter it is given (:func:`~nemo_tau2.generation.launch.start_generation`, the one every local run uses), bound to
 the node's address, and reports its URL back: the head's handle lists every replica's URL, as a local run's does.
-This module places replicas and keeps them alive; what a replica runs and the handle around them belong to
-``launch.py``, which calls this module (never the other way: no import circle between the two).
+What a replica runs, and the handle around them, belong to ``launch.py``, which calls this module (never back).
 
 Weights: ``update_weights(checkpoint_dir=...)`` reaches every replica on every node. Each replica reloads the folder
 the trainer wrote, so that folder (under ``checkpointing.checkpoint_dir``) must be on a filesystem every generation
@@ -16,19 +15,17 @@ node mounts; a replica that cannot see it refuses the update naming its node, be
 
 Faults: a watcher thread asks each replica for its health every ``HEALTH_INTERVAL_S``. A replica whose server died
 (refused, or ``HEALTH_MISSES`` probes in a row unanswered: one slow answer on a busy machine is no death), or whose
-actor or node is gone, is restarted on its bundle (same port, the latest weights loaded) while
-``cluster.generation_replica_restarts`` allows, else dropped: its URL leaves ``base_urls`` (weight updates skip it)
-and the Gym model servers' routers send its sessions elsewhere once it stops answering (the agent retries the turn).
+actor or node is gone, is restarted on its bundle (same port, which it waits a minute for; the latest weights
+loaded) while ``cluster.generation_replica_restarts`` allows, else dropped: its URL leaves ``base_urls`` (weight
+updates skip it) and the Gym model servers' routers send its sessions elsewhere once it stops answering.
 
 Logs: with a log folder (a run's ``server_logs/``) each replica's server logs into a folder of its own on its node
-(vLLM: ``vllm_replica0.log``), and the head brings back the last ``LOG_TAIL_BYTES`` of it as
-``<server_logs>/<backend>_replica<i>.log`` (``i`` the replica's index on the head, appended to as a local replica's
-is), then removes the node's folder: when the run stops, and when a replica is lost (restarted or dropped) while its
-node still answers. A zero-CPU task pinned to the node reads it, so a dead actor's log is read as a live one's; a
-node gone keeps it (the head says where).
+(vLLM: ``vllm_replica0.log``); the head appends its last ``LOG_TAIL_BYTES`` to ``<server_logs>/<backend>_replica<i>``
+``.log`` (``i``: its index on the head) and removes the node's folder, when the run stops and when a replica is lost
+while its node answers. A zero-CPU task pinned to the node reads it (a dead actor's too); a node gone keeps it.
 
-Lifetimes: a replica's processes die with its actor (``PR_SET_PDEATHSIG``, as every server we start), Ray ends the
-actors of a driver that exits, and a replica the head stops renewing ends itself (:mod:`nemo_tau2.lease`).
+Lifetimes: a replica's processes die with its actor (``PR_SET_PDEATHSIG``), Ray ends the actors of a driver that
+exits, and a replica the head stops renewing ends itself (:mod:`nemo_tau2.lease`).
 """
 
 import contextlib
@@ -47,7 +44,7 @@ from nemo_tau2.cluster import ClusterConfig, import_ray, ray_connection
 from nemo_tau2.generation.config import GenerationConfig
 from nemo_tau2.generation.errors import GenerationStartupError, WeightUpdateError
 from nemo_tau2.generation.replica_logs import head_log_name, read_log_tails
-from nemo_tau2.generation.serving import kill_managed_processes
+from nemo_tau2.generation.serving import bind_socket, kill_managed_processes
 from nemo_tau2.lease import LeaseRenewer, end_process, hold_lease
 
 logger = logging.getLogger(__name__)
@@ -115,6 +112,8 @@ class GenerationReplica:
         cfg = GenerationConfig.model_validate(cfg_data)
         self.log_dir = tempfile.mkdtemp(prefix=f"nemo_tau2_generation_replica{index}_") if keep_log else None
         log_dir = None if self.log_dir is None else Path(self.log_dir)
+        if port is not None:  # a restart at its URL: the lost server's process may still be going away
+            bind_socket(self.ip, port, key=f"generation replica {index}", wait_s=60.0).close()
         self.handle = start_replica(replica_config(cfg, index, self.ip, port), log_dir=log_dir)
         (self.base_url,) = self.handle.base_urls
         run_id, timeout_s = lease  # the head renews it from now on; unrenewed, the replica ends itself

@@ -23,6 +23,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from nemo_tau2.generation.errors import GenerationStartupError
+from nemo_tau2.ports import serving_port_candidates
 from nemo_tau2.processes import child_environment, die_with_parent
 
 logger = logging.getLogger(__name__)
@@ -32,19 +33,30 @@ SHUTDOWN_GRACE_S = 1.0
 to wait for them all: a long generation kept a stopping llama.cpp server alive for a minute)."""
 
 
-def bind_socket(host: str, port: int | None, *, key: str) -> socket.socket:
-    """A listening-ready socket on ``host:port`` (``port`` None: a free one), or a clear error if it is taken."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port or 0))
-    except OSError as e:
-        sock.close()
-        raise GenerationStartupError(
-            f"{key}: port {port} on {host} is already in use ({e.strerror}); choose another port or set it to "
-            "null to pick a free one"
-        ) from e
-    return sock
+def bind_socket(host: str, port: int | None, *, key: str, wait_s: float = 0.0) -> socket.socket:
+    """A listening-ready socket on ``host:port`` (``port`` None: a free one), or a clear error if it is taken.
+
+    A free port is drawn outside the kernel's ephemeral range (:mod:`nemo_tau2.ports`). ``wait_s``: how long a port
+    that is taken may take to be freed (a restart while the old server's process is still going away)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    candidates = [port] if port else serving_port_candidates()
+    deadline = time.monotonic() + wait_s
+    while True:
+        for candidate in candidates:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, candidate))
+                return sock
+            except OSError as e:
+                sock.close()
+                error = e
+        if time.monotonic() >= deadline:
+            raise GenerationStartupError(
+                f"{key}: port {port} on {host} is already in use ({error.strerror}); choose another port or set it "
+                "to null to pick a free one"
+            ) from error
+        time.sleep(0.2)
 
 
 def reserve_port(host: str, port: int | None, *, key: str) -> int:

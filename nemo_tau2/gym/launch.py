@@ -18,7 +18,6 @@ Each server logs to ``<log_dir>/<name>.log`` (a line per request, errors with tr
 
 import atexit
 import logging
-import socket
 import tempfile
 import time
 import urllib.error
@@ -33,6 +32,7 @@ from nemo_tau2.gym.fork_server import ForkServer, ForkServerError, ServerExit
 from nemo_tau2.gym.fork_template import fork_template_path
 from nemo_tau2.gym.replica_health import ReplicaHealth
 from nemo_tau2.gym.serving import CONFIG_DICT_ENV
+from nemo_tau2.ports import free_port
 from nemo_tau2.processes import is_secret_key, register_secret
 
 logger = logging.getLogger(__name__)
@@ -58,12 +58,6 @@ class ServerSpec:
 def replica_name(name: str, index: int) -> str:
     """Replica ``index`` of an instance: the first keeps the instance's own name (what rows and configs name)."""
     return name if index == 0 else f"{name}_{index}"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def split_secrets(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

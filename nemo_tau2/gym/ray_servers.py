@@ -41,11 +41,12 @@ from omegaconf import OmegaConf
 
 from nemo_tau2.cluster import ClusterConfig, import_ray, ray_connection
 from nemo_tau2.gym.fork_server import ForkServer, ForkServerError, ServerExit
-from nemo_tau2.gym.launch import GymServers, ServerStartError, free_port, gym_global_config
+from nemo_tau2.gym.launch import GymServers, ServerStartError, gym_global_config
 from nemo_tau2.gym.ray_watch import GymServerWatch
 from nemo_tau2.gym.serving import CONFIG_DICT_ENV
 from nemo_tau2.gym.stack import ServerGroup, tau2_local_resources
 from nemo_tau2.lease import LEASE_FILE_ENV, RUN_ID_ENV, LeaseRenewer, end_process, hold_lease
+from nemo_tau2.ports import free_port
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,6 @@ Precision (``policy.precision``): weights, gradients and optimizer state are fp3
 import contextlib
 import logging
 import math
-import socket
 import sys
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
@@ -50,6 +49,7 @@ from nemo_tau2.models.policy.data import TrainingBatch, TrainingSequence, collat
 from nemo_tau2.models.policy.interfaces import LossFunction
 from nemo_tau2.models.policy.packed_attention import attention_plan, use_packed_attention, uses_varlen_kernel
 from nemo_tau2.models.policy.weights import iter_full_state_dict, shapes, write_safetensors
+from nemo_tau2.ports import free_port
 
 logger = logging.getLogger(__name__)
 
@@ -124,10 +124,7 @@ class PolicyWorker:
             import ray.util
 
             host = ray.util.get_node_ip_address()
-        with socket.socket() as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
-        return f"tcp://{host}:{port}"
+        return f"tcp://{host}:{free_port(host)}"
 
     def init_distributed(self, init_method: str) -> None:
         """Join the trainer group (gloo on CPU, NCCL on GPU), then shard or replicate the model across it."""
