@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Everything the project, its examples and its whole test suite need, from nothing (after `pip install uv`):
 #
-#   scripts/setup.sh               # what the examples and CI's suite need (all but nemo-rl-gym04), the
-#                                  # parts side by side (scripts/lanes.sh); reruns take seconds (each part is cached)
-#   scripts/setup.sh extended      # that, and the extended tier's environment (nemo-rl-gym04)
+#   scripts/setup.sh               # what the examples and CI's suite need: every part, side by side
+#                                  # (scripts/lanes.sh); reruns take seconds (each part is cached)
 #   scripts/setup.sh vllm          # one part: project | chromium | sandbox | vllm | smollm2 | tau2-v1 | gym07 | nemo-rl
 #                                  #           | nemo-rl-gym04
 #
@@ -21,7 +20,7 @@
 #             runs 0.7.0's stored-rollout tools in it (tau2_release/test_stored_rollout_tools.py)
 #   nemo-rl   NeMo-RL's Gym path (its vendored source on the path, its lock's versions) on the NeMo-Gym commit it pins,
 #             Python 3.13, for the tests that run NeMo-RL's own code against our servers (scripts/build_nemo_rl_env.sh)
-#   nemo-rl-gym04  the same on NeMo-Gym 0.4.0, Python 3.12; only the extended tier uses it
+#   nemo-rl-gym04  the same on NeMo-Gym 0.4.0, Python 3.12 (tests/unit/gym/test_nemo_rl_client_gym04.py)
 #
 # The environments land in ~/.cache/nemo-tau2 (each build script's own folder; XDG_CACHE_HOME moves it), each built
 # under a file lock, so parallel runs build once. The tests find them there with nothing exported: a test that needs
@@ -35,9 +34,7 @@ log() { echo "[setup] $*" >&2; }
 PARTS=(project chromium sandbox vllm smollm2 tau2-v1 gym07 nemo-rl nemo-rl-gym04)
 # The parts side by side (scripts/lanes.sh): a lane's parts in order, where one needs another (SmolLM2's conversion runs
 # in the project's environment) or they share a lock (apt-get). From nothing, one after another took ~13 minutes here.
-LANES=("project smollm2" "chromium sandbox" "vllm" "tau2-v1" "nemo-rl" "gym07")
-# The extended tier's (`pytest --extended`; its tests also build these on first use)
-EXTENDED_LANES=("nemo-rl-gym04")
+LANES=("project smollm2" "chromium sandbox" "vllm" "tau2-v1" "nemo-rl" "gym07" "nemo-rl-gym04")
 SRT_VERSION=0.0.23  # tau2 v1.0.1's knowledge/sandbox_manager.py: 0.0.24+ leave stubs behind on Linux
 
 python312() {
@@ -147,24 +144,19 @@ build_lanes() {
   fi
 }
 
-USAGE="one part at most (${PARTS[*]}), extended, or none"
+USAGE="one part at most (${PARTS[*]}), or none"
 case "${1:-all}" in
-  all | extended)
+  all)
     [ $# -le 1 ] || { log "error: $USAGE"; exit 2; }
-    if [ "${1:-all}" = extended ]; then
-      build_lanes "${LANES[@]}" "${EXTENDED_LANES[@]}"
-      log "ready: uv run pytest --extended tests/unit (CI's suite and the extended tier)"
-    else
-      build_lanes "${LANES[@]}"
-      log "ready: uv run pytest tests/unit (CI's suite), uv run pytest -m 'not slow' tests/unit (the fast loop)"
-    fi
+    build_lanes "${LANES[@]}"
+    log "ready: uv run pytest tests/unit (CI's suite), uv run pytest -m 'not slow' tests/unit (the fast loop)"
     ;;
   project | chromium | sandbox | vllm | smollm2 | tau2-v1 | gym07 | nemo-rl | nemo-rl-gym04)
     [ $# -eq 1 ] || { log "error: $USAGE"; exit 2; }
     "setup_${1//-/_}"
     ;;
   *)
-    log "error: unknown part $1; the parts are: ${PARTS[*]} (extended: all of them; none: all but the extended tier's)"
+    log "error: unknown part $1; the parts are: ${PARTS[*]} (none: all of them)"
     exit 2
     ;;
 esac

@@ -107,22 +107,6 @@ SLOW_MODULES = frozenset(
 )
 
 
-# Modules CI leaves out: each repeats, on another release or at a larger scale, what a module CI runs already
-# checks. Stops 59-61 (2026-12-02) moved 13 modules here, ~27 worker-minutes of a run that no longer fit CI's 90
-# minutes on the 2-core box then; session 36 (2026-12-04) brought 8 of them back into CI (the whole tier: 1,798
-# worker-s on that day's box), session 37 NeMo-RL's episode configs (as runs of test_nemo_rl_client.py's NeMo-RL
-# process) and the Gym-side files on NeMo-Gym 0.7.0; these three and 0.7.0's ng_run test (~800 worker-s) stay out
-# while issue 58 is open. They run with
-# ``--extended`` (before a release, and after a change to what they cover); a single such test of an otherwise CI
-# module carries ``@pytest.mark.extended`` itself. What each covers that CI does not is in docs/testing.md.
-EXTENDED_MODULES = frozenset(
-    {
-        "test_peer_bench.py",  # the peer bench's quick run (NeMo-Gym 0.7.0's own tau2 agent beside ours): a benchmark
-        "gym/test_nemo_rl_client_gym04.py",  # NeMo-RL's own Gym path on Gym 0.4.0 (CI runs it on its pinned Gym)
-        "algorithms/test_grpo_vllm.py",  # GRPO on the real vLLM engine (CI: the engine, and GRPO on the fake)
-    }
-)
-
 # Modules that start the real vLLM engine: run one after another on one xdist worker, never two engines at once on
 # the suite's 2 cores (each would take both, and their start-up waits would double).
 VLLM_MODULES = frozenset({"generation/test_vllm_live.py", "evals/test_eval_vllm.py", "algorithms/test_grpo_vllm.py"})
@@ -171,11 +155,6 @@ GYM_SIDE_ONLY = sys.version_info >= (3, 13)
 
 def pytest_addoption(parser):
     parser.addoption(
-        "--extended",
-        action="store_true",
-        help="also run the tests CI leaves out (EXTENDED_MODULES and @pytest.mark.extended; docs/testing.md)",
-    )
-    parser.addoption(
         "--all-base-tasks",
         action="store_true",
         help="tau2_release/test_parity_v1.py: compare every base task with tau2 v1.0.1 (834 episodes), not a third",
@@ -189,9 +168,7 @@ def pytest_configure(config):
         raise pytest.UsageError(f"the project's environment lacks the extras {missing}: run scripts/setup.sh project")
     # a renamed module would otherwise drop out of the list silently, and into the fast loop
     missing = sorted(
-        module
-        for module in SLOW_MODULES | VLLM_MODULES | EXTENDED_MODULES | TAU2_RELEASE_SCORING
-        if not (UNIT / module).is_file()
+        module for module in SLOW_MODULES | VLLM_MODULES | TAU2_RELEASE_SCORING if not (UNIT / module).is_file()
     )
     if missing:
         raise pytest.UsageError(f"tests/conftest.py's module lists name modules that do not exist: {missing}")
@@ -204,15 +181,8 @@ def pytest_collection_modifyitems(config, items):
     processing time first) rather than one running a long group collected late while the other waits. Slow modules
     first, the order before, had sent the tau2 v1.0.1 package (~40 min of one worker) out at about half-time."""
     for item in items:
-        if _unit_module(item) in SLOW_MODULES | EXTENDED_MODULES:
+        if _unit_module(item) in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
-        if _unit_module(item) in EXTENDED_MODULES:
-            item.add_marker(pytest.mark.extended)
-    if not config.getoption("--extended"):
-        left_out = [item for item in items if item.get_closest_marker("extended")]
-        if left_out:
-            config.hook.pytest_deselected(items=left_out)
-            items[:] = [item for item in items if not item.get_closest_marker("extended")]
     from tests.module_times import Budgets, module_of  # here: imported at the top, the plugin misses assert rewriting
 
     budgets = Budgets.load(Path(config.getoption("--module-budgets")))

@@ -34,8 +34,7 @@ NOT_ON_NEMO_GYM_0_7 = [
 ]
 
 
-# ng_run and gym env start from a clean copy, 0.7.0's CLI building each server's venv: 613 of the run's 984 s on
-# 2026-12-02, so a test of its own that CI leaves out (--extended runs it); CI runs the same file on NeMo-Gym 0.4.0
+# ng_run and gym env start from a clean copy, 0.7.0's CLI building each server's venv (160-267 s): a test of its own
 CLI_ON_NEMO_GYM_0_7 = ["tests/unit/gym/test_gym_cli.py"]
 
 
@@ -45,7 +44,6 @@ def test_the_gym_side_passes_on_nemo_gym_0_7(tmp_path):
 
 # the subprocess's own timeout (1500 s) is the bound, past the suite's 20-minute hang guard
 @pytest.mark.timeout(1800)
-@pytest.mark.extended
 def test_ng_run_and_gym_env_start_pass_on_nemo_gym_0_7(tmp_path):
     _run_on_nemo_gym_0_7(CLI_ON_NEMO_GYM_0_7, tmp_path)
 
