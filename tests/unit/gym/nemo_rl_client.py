@@ -88,6 +88,16 @@ def nemo_rl_environment(python: str, **extra: str) -> dict[str, str]:
     return env | extra
 
 
+def oracle_batch(run: dict, *, collection: bool, rows: int, episodes: int) -> dict:
+    """The one batch of an oracle's run (``collection``: trajectory collection, else GRPO's validation; ``rows``
+    played), checked by :func:`check_oracle_batch` and :func:`check_metric_keys`."""
+    assert run["is_trajectory_collection"] is collection and run["validation_rows"] == rows, run
+    (batch,) = run["batches"]
+    check_oracle_batch(batch, episodes)
+    check_metric_keys(batch)
+    return batch
+
+
 def check_oracle_batch(batch: dict, episodes: int) -> None:
     """What GRPO gets from the oracle's episodes: reward 1 everywhere, a batch of the right shape whose loss mask
     covers exactly the generated tokens (with their logprobs, none elsewhere), nothing masked out or truncated."""

@@ -31,9 +31,9 @@ from tests.unit.gym.nemo_rl_client import (
     CONFIGS,
     Run,
     check_metric_keys,
-    check_oracle_batch,
     machine_overrides,
     nemo_rl_environment,
+    oracle_batch,
     prepare_rows,
     run_nemo_rl,
 )
@@ -140,34 +140,22 @@ def test_the_shipped_configs_have_every_key_nemo_rls_own_grpo_config_has(nemo_rl
 
 
 def test_grpo_on_tau2_v021_with_the_oracle_converts_every_turn_and_batches(nemo_rl_runs):
-    run = nemo_rl_runs["grpo_v021_oracle"]
-    assert not run["is_trajectory_collection"] and run["validation_rows"] == 3
-    (batch,) = run["batches"]
-    check_oracle_batch(batch, episodes=6)  # three tasks, two samples each
+    # three tasks, two samples each
+    batch = oracle_batch(nemo_rl_runs["grpo_v021_oracle"], collection=False, rows=3, episodes=6)
     assert sorted({e["domain"] for e in batch["episodes"]}) == ["airline", "retail", "telecom"]
-    check_metric_keys(batch)
     # the servers NeMo-Gym installed beside the pinned commit resolved nemo-gym to a release that accepts its openai
     log = nemo_rl_runs["_log"]
     assert "+ nemo-gym==0.5.1" in log and "unsatisfiable" not in log
 
 
 def test_the_v101_eval_is_tau2_v101s_scoring_through_nemo_rls_trajectory_collection(nemo_rl_runs):
-    run = nemo_rl_runs["eval_v101_oracle"]
-    assert run["is_trajectory_collection"] and run["validation_rows"] == 3
-    (batch,) = run["batches"]
-    check_oracle_batch(batch, episodes=3)
-    check_metric_keys(batch)
+    oracle_batch(nemo_rl_runs["eval_v101_oracle"], collection=True, rows=3, episodes=3)
 
 
 def test_grpo_on_banking_knowledge_plays_a_task_of_our_split_with_its_retrieval_recorded(nemo_rl_runs):
     """The shipped banking config as NeMo-RL runs it: its rows (our seeded split, bm25_grep) through its NemoGym
     actor, the oracle's episodes scored 1.0 by tau2 v1.0.1, each carrying its variant and what its searches found."""
-    run = nemo_rl_runs["grpo_banking_oracle"]
-    assert not run["is_trajectory_collection"] and run["validation_rows"] == 1
-    (batch,) = run["batches"]
-    check_oracle_batch(batch, episodes=2)
-    check_metric_keys(batch)
-    episodes = batch["episodes"]
+    episodes = oracle_batch(nemo_rl_runs["grpo_banking_oracle"], collection=False, rows=1, episodes=2)["episodes"]
     assert {(e["domain"], e["retrieval_variant"]) for e in episodes} == {(BANKING, "bm25_grep")}
     assert len({e["task_id"] for e in episodes}) == 1
     found = {"searches", "documents_found", "document_recall", "tools_unlocked", "unlock_recall"}

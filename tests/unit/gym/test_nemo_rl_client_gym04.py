@@ -25,9 +25,9 @@ from tests.unit.gym.nemo_rl_client import (
     CONFIGS,
     Run,
     check_metric_keys,
-    check_oracle_batch,
     machine_overrides,
     nemo_rl_environment,
+    oracle_batch,
     prepare_rows,
     run_nemo_rl,
 )
@@ -95,21 +95,14 @@ def nemo_rl_runs(tmp_path_factory, smollm2_server):
 
 
 def test_grpo_on_nemo_gym_0_4_converts_every_turn_and_batches(nemo_rl_runs):
-    run = nemo_rl_runs["grpo"]
-    assert not run["is_trajectory_collection"] and run["validation_rows"] == 3
-    (batch,) = run["batches"]
-    check_oracle_batch(batch, episodes=6)
-    check_metric_keys(batch)
+    oracle_batch(nemo_rl_runs["grpo"], collection=False, rows=3, episodes=6)
     log = nemo_rl_runs["_log"]
     assert "+ nemo-gym==0.4.0" in log and "unsatisfiable" not in log  # our servers beside 0.4.0, on its openai
 
 
 def test_the_eval_config_collects_the_repeated_rows(nemo_rl_runs):
-    run = nemo_rl_runs["eval"]
-    assert run["is_trajectory_collection"] and run["validation_rows"] == 6  # 3 tasks, data.validation.repeat=2
-    (batch,) = run["batches"]
-    check_oracle_batch(batch, episodes=6)
-    check_metric_keys(batch)
+    # 3 tasks, data.validation.repeat=2
+    oracle_batch(nemo_rl_runs["eval"], collection=True, rows=6, episodes=6)
 
 
 def test_a_real_model_episode_converts_and_batches(nemo_rl_runs):
