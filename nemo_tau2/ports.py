@@ -27,13 +27,22 @@ def serving_port_candidates(tries: int = 64) -> list[int]:
     return [*random.sample(outside, min(tries, len(outside))), 0]
 
 
+def bind_free_port(host: str, *, reuse_address: bool) -> socket.socket:
+    """A socket bound to a free port of ``host`` outside the ephemeral range (``OSError`` if none is free)."""
+    for candidate in serving_port_candidates():
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        if reuse_address:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, candidate))
+        except OSError:
+            sock.close()
+            continue
+        return sock
+    raise OSError(f"no free port on {host}")
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port free on ``host`` now, outside the ephemeral range, for a server that binds it itself."""
-    for candidate in serving_port_candidates():
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind((host, candidate))
-            except OSError:
-                continue
-            return sock.getsockname()[1]
-    raise OSError(f"no free port on {host}")
+    with bind_free_port(host, reuse_address=False) as sock:
+        return sock.getsockname()[1]

@@ -23,7 +23,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from nemo_tau2.generation.errors import GenerationStartupError
-from nemo_tau2.ports import serving_port_candidates
+from nemo_tau2.ports import bind_free_port
 from nemo_tau2.processes import child_environment, die_with_parent
 
 logger = logging.getLogger(__name__)
@@ -38,24 +38,25 @@ def bind_socket(host: str, port: int | None, *, key: str, wait_s: float = 0.0) -
 
     A free port is drawn outside the kernel's ephemeral range (:mod:`nemo_tau2.ports`). ``wait_s``: how long a port
     that is taken may take to be freed (a restart while the old server's process is still going away)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    candidates = [port] if port else serving_port_candidates()
+    if not port:
+        try:
+            return bind_free_port(host, reuse_address=True)
+        except OSError as e:
+            raise GenerationStartupError(f"{key}: {e}; free some ports or configure one") from e
     deadline = time.monotonic() + wait_s
     while True:
-        for candidate in candidates:
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind((host, candidate))
-                return sock
-            except OSError as e:
-                sock.close()
-                error = e
-        if time.monotonic() >= deadline:
-            raise GenerationStartupError(
-                f"{key}: port {port} on {host} is already in use ({error.strerror}); choose another port or set it "
-                "to null to pick a free one"
-            ) from error
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+            return sock
+        except OSError as e:
+            sock.close()
+            if time.monotonic() >= deadline:
+                raise GenerationStartupError(
+                    f"{key}: port {port} on {host} is already in use ({e.strerror}); choose another port or set "
+                    "it to null to pick a free one"
+                ) from e
         time.sleep(0.2)
 
 
