@@ -46,6 +46,11 @@ from nemo_tau2.processes import child_environment, die_with_parent
 _MAX_MESSAGE = 1 << 20
 _STOP_GRACE_S = 5.0
 
+# SIGTERM's handler as the interpreter started: a start-up hook's where it is callable (coverage's `sigterm` one saves
+# the process's data), else the default. Taken before the fork server or its template install their own, and given
+# back to each server, which then ends on SIGTERM as an interpreter of its own would (uvicorn raises it again)
+_STARTING_SIGTERM = signal.getsignal(signal.SIGTERM)
+
 
 class ForkServerError(RuntimeError):
     """The fork server could not import the server classes or stopped answering."""
@@ -252,7 +257,7 @@ def _serve_in_child(control: socket.socket, message: dict, log_fd: int, secrets_
     code = 1
     try:
         control.close()
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, _STARTING_SIGTERM if callable(_STARTING_SIGTERM) else signal.SIG_DFL)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         os.setsid()
         die_with_parent()

@@ -18,8 +18,17 @@ import requests
 
 from nemo_tau2.experience.rollouts import INFRASTRUCTURE_ERROR, SamplingParams, run_nemo_gym_rollout_sync
 from nemo_tau2.gym.fork_server import ForkServer
+from nemo_tau2.gym.fork_template import TEMPLATE_ENV
 from nemo_tau2.gym.launch import FORK_SERVER_LOG, GymServers
-from nemo_tau2.gym.stack import AGENT, RESOURCES_SERVER_CLASS, USER_MODEL, ModelEndpoint, tau2_stack
+from nemo_tau2.gym.stack import (
+    AGENT,
+    POLICY_MODEL,
+    RESOURCES_SERVER_CLASS,
+    USER_MODEL,
+    ModelEndpoint,
+    model_server_spec,
+    tau2_stack,
+)
 from nemo_tau2.tau2_env.gym_rows import task_row
 from nemo_tau2.testing import start_fake_server
 from tests.process_state import gone
@@ -148,3 +157,35 @@ def test_a_fork_server_stops_in_a_fraction_of_its_import_time(tmp_path):
         fork_server.stop()
     assert fork_server.process.returncode == 0
     assert stop_s < fork_server.preload_s / 5, f"stopped in {stop_s:.1f} s, imported in {fork_server.preload_s:.1f} s"
+
+
+# A start-up hook's SIGTERM handler (coverage's `sigterm` one saves the process's data there): it notes the pid, then
+# ends the process by SIGTERM as the default would.
+SIGTERM_HOOK = """
+import os, signal
+
+def _noted(signum, frame):
+    open(os.path.join(os.environ["SIGTERM_NOTES"], str(os.getpid())), "w").close()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+signal.signal(signal.SIGTERM, _noted)
+"""
+
+
+def test_a_server_stopped_by_sigterm_ends_through_the_handler_its_interpreter_started_with(tmp_path, monkeypatch):
+    """The fork server's own SIGTERM handler is not a server's; nor is the default where the interpreter started
+    with a handler of its own: a server then ended before that handler ran (its coverage data never saved)."""
+    hook, notes = tmp_path / "hook", tmp_path / "notes"
+    hook.mkdir(), notes.mkdir()
+    (hook / "sitecustomize.py").write_text(SIGTERM_HOOK)
+    monkeypatch.setenv(TEMPLATE_ENV, "")  # a fork server of its own, started by an interpreter with the hook
+    spec = model_server_spec(POLICY_MODEL, ModelEndpoint(["http://127.0.0.1:9"], "fake-policy"))
+    env = {"PYTHONPATH": os.pathsep.join([str(hook), str(REPO)]), "SIGTERM_NOTES": str(notes)}
+    with GymServers([spec], log_dir=tmp_path / "logs", env=env) as servers:
+        pid = servers.pid(POLICY_MODEL)
+        os.kill(pid, signal.SIGTERM)
+        _wait_until(lambda: servers.exited(), 30, "the server did not exit after SIGTERM")
+        ((exit,),) = [servers.exited()]
+        assert exit.returncode == -signal.SIGTERM  # ended by the signal, as before
+    assert [path.name for path in notes.iterdir()] == [str(pid)]  # the server's, not the fork server's
