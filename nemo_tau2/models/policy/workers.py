@@ -149,6 +149,10 @@ class RayWorkerGroup:
         if self.actors:
             try:
                 ray.get([actor.close.remote() for actor in self.actors], timeout=60)
+                # they answered: each exits as a process does, its atexit handlers run (ray.kill skips them, and
+                # with them coverage's save of the ranks' code); ray.kill below ends any that has not
+                ends = [actor.__ray_terminate__.remote() for actor in self.actors]
+                ray.wait(ends, num_returns=len(ends), timeout=30)
             except (ray.exceptions.RayError, TimeoutError) as e:
                 logger.warning("policy workers did not close cleanly: %s", e)
             for actor in self.actors:
