@@ -4,6 +4,7 @@ Ray is started once for the module (its startup dominates the cost of these test
 """
 
 import copy
+import time
 
 import pytest
 import ray
@@ -68,6 +69,26 @@ def test_ray_workers_resume_from_a_checkpoint_exactly(ray_policy, tmp_path):
     assert ray_policy.train(sequences, NO_KL)["loss"] == loss
     for replica, expected in zip(replica_weights(ray_policy), after, strict=True):
         assert all(torch.equal(replica[name], expected[name]) for name in expected)
+
+
+def test_a_shutdown_lets_each_worker_exit_as_a_process_does(ray_policy, tmp_path):
+    """``ray.kill`` alone skips an actor's atexit handlers (coverage's save of the ranks' code among them): the workers
+    that answered ``close`` exit through ``__ray_terminate__`` first. Ends the module's policy (its second shutdown in
+    the fixture is harmless), so it comes after the tests that use it."""
+
+    def note_at_exit(_worker, folder: str) -> int:
+        import atexit
+        import os
+
+        atexit.register(lambda: open(os.path.join(folder, str(os.getpid())), "w").close())
+        return os.getpid()
+
+    pids = ray.get([actor.__ray_call__.remote(note_at_exit, str(tmp_path)) for actor in ray_policy._workers.actors])
+    ray_policy.shutdown()
+    deadline = time.monotonic() + 30
+    while len(list(tmp_path.iterdir())) < len(pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(map(str, pids))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
