@@ -50,6 +50,8 @@ _STOP_GRACE_S = 5.0
 # the process's data), else the default. Taken before the fork server or its template install their own, and given
 # back to each server, which then ends on SIGTERM as an interpreter of its own would (uvicorn raises it again)
 _STARTING_SIGTERM = signal.getsignal(signal.SIGTERM)
+if not callable(_STARTING_SIGTERM):
+    _STARTING_SIGTERM = signal.SIG_DFL
 
 
 class ForkServerError(RuntimeError):
@@ -257,7 +259,7 @@ def _serve_in_child(control: socket.socket, message: dict, log_fd: int, secrets_
     code = 1
     try:
         control.close()
-        signal.signal(signal.SIGTERM, _STARTING_SIGTERM if callable(_STARTING_SIGTERM) else signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, _STARTING_SIGTERM)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         os.setsid()
         die_with_parent()

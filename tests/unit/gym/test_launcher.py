@@ -177,7 +177,8 @@ def test_a_server_stopped_by_sigterm_ends_through_the_handler_its_interpreter_st
     """The fork server's own SIGTERM handler is not a server's; nor is the default where the interpreter started
     with a handler of its own: a server then ended before that handler ran (its coverage data never saved)."""
     hook, notes = tmp_path / "hook", tmp_path / "notes"
-    hook.mkdir(), notes.mkdir()
+    hook.mkdir()
+    notes.mkdir()
     (hook / "sitecustomize.py").write_text(SIGTERM_HOOK)
     monkeypatch.setenv(TEMPLATE_ENV, "")  # a fork server of its own, started by an interpreter with the hook
     spec = model_server_spec(POLICY_MODEL, ModelEndpoint(["http://127.0.0.1:9"], "fake-policy"))

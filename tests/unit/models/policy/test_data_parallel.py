@@ -4,7 +4,6 @@ Ray is started once for the module (its startup dominates the cost of these test
 """
 
 import copy
-import time
 
 import pytest
 import ray
@@ -12,6 +11,7 @@ import torch
 
 from nemo_tau2.models.policy import step_dir
 from nemo_tau2.models.policy.lm_policy import Policy
+from tests.sigterm import wait_for
 
 from .conftest import NO_KL, make_sequences, policy_config, with_prev_logprobs
 
@@ -85,9 +85,7 @@ def test_a_shutdown_lets_each_worker_exit_as_a_process_does(ray_policy, tmp_path
 
     pids = ray.get([actor.__ray_call__.remote(note_at_exit, str(tmp_path)) for actor in ray_policy._workers.actors])
     ray_policy.shutdown()
-    deadline = time.monotonic() + 30
-    while len(list(tmp_path.iterdir())) < len(pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for(lambda: len(list(tmp_path.iterdir())) >= len(pids), 30, "a worker's atexit handler did not run")
     assert sorted(path.name for path in tmp_path.iterdir()) == sorted(map(str, pids))
 
 
