@@ -56,7 +56,7 @@ ORIGIN="${SOURCE:-$REPO_URL@$VERSION}"
 # checkouts with their own --source would otherwise rebuild one shared folder under each other's running tests.
 ORIGIN_KEY="$(printf '%s' "$ORIGIN" | sha256sum | cut -c1-8)"
 ENV_DIR="${NEMO_TAU2_TAU2_ENV:-${XDG_CACHE_HOME:-$HOME/.cache}/nemo-tau2/tau2-$VERSION-py$PYTHON_VERSION-$ORIGIN_KEY}"
-STAMP="tau2 $VERSION[knowledge] from $ORIGIN python$PYTHON_VERSION"
+STAMP="tau2 $VERSION[knowledge] from $ORIGIN python$PYTHON_VERSION, bytecode under the environment"
 
 imports_ok() {
   LITELLM_LOCAL_MODEL_COST_MAP=True "$ENV_DIR/bin/python" -c "
@@ -78,5 +78,12 @@ fi
 uv export --frozen --no-dev --no-hashes --no-emit-project --extra knowledge --project "$SOURCE" > "$ENV_DIR/tau2_uv_lock.txt"
 uv pip install --quiet --python "$ENV_DIR/bin/python" --no-deps -r "$ENV_DIR/tau2_uv_lock.txt"
 uv pip install --quiet --python "$ENV_DIR/bin/python" --no-deps -e "$SOURCE"
+# The release's sources are only read (the vendored tree is read-only; a user's checkout is theirs): every module's
+# bytecode, theirs included, goes under this environment (sys.pycache_prefix, as NeMo-RL's environment does),
+# compiled here once; the site-packages are compiled into it by env_cache_stamp (the prefix applies there too).
+# Without, each tau2 process that is not a fork of the worker template compiled tau2 from source again (1.1 CPU-s).
+SITE="$("$ENV_DIR/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+echo "import sys; sys.pycache_prefix = sys.pycache_prefix or '$ENV_DIR/pycache'" > "$SITE/nemo_tau2_pycache.pth"
+"$ENV_DIR/bin/python" -m compileall -q -j 0 "$SOURCE/src" >/dev/null 2>&1 || true
 
 env_cache_stamp "tau2 $VERSION" env LITELLM_LOCAL_MODEL_COST_MAP=True "$ENV_DIR/bin/python" -c 'import tau2.registry'

@@ -66,13 +66,19 @@ env_cache_stamp() {
 }
 
 # Compiles the environment's site-packages to .pyc once (see Bytecode above); a file that does not compile (a
-# package's own Python 2 test data) is left as it is, as Python would leave it.
+# package's own Python 2 test data) is left as it is, as Python would leave it. An environment that keeps its
+# bytecode under itself (sys.pycache_prefix: NeMo-RL's and tau2's, whose sources are only read) reads no other .pyc,
+# the standard library's included, so that is compiled into it too (its tests and the base's site-packages left out).
 env_cache_compile() {
   [ -f "$ENV_DIR/.nemo_tau2_bytecode" ] && return 0
   [ -f "$ENV_DIR/pyvenv.cfg" ] || return 0  # not a virtual environment: never compile a base interpreter's packages
-  local site
+  local site stdlib
   site="$("$ENV_DIR/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || return 0
   log "compiling $site to bytecode (once)"
   "$ENV_DIR/bin/python" -m compileall -q -j 0 "$site" >/dev/null 2>&1 || true
+  stdlib="$("$ENV_DIR/bin/python" -c 'import sys, sysconfig; print(sysconfig.get_paths()["stdlib"] if sys.pycache_prefix else "")')" || stdlib=""
+  if [ -n "$stdlib" ]; then
+    "$ENV_DIR/bin/python" -m compileall -q -j 0 -x '/(site-packages|test|idlelib|tkinter|turtledemo)/' "$stdlib" >/dev/null 2>&1 || true
+  fi
   touch "$ENV_DIR/.nemo_tau2_bytecode"
 }

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -206,6 +207,59 @@ def test_a_build_compiles_its_packages_once_and_an_older_build_is_compiled_on_re
     assert build().stderr == f"[probe] reusing {folder} (probe 1)\n" and not compiled()
     assert "compiling" in build(BYTECODE_ON_REUSE="1").stderr and compiled()
     assert build(BYTECODE_ON_REUSE="1").stderr == f"[probe] reusing {folder} (probe 1)\n"  # once
+
+
+def test_an_environment_keeping_its_bytecode_under_itself_gets_the_standard_library_compiled_there(tmp_path):
+    """tau2's and NeMo-RL's environments read sources that must stay unwritten (../shared/vendor), so their bytecode
+    goes under the environment (sys.pycache_prefix, set by a .pth). Python then reads no other .pyc, the standard
+    library's included: the build compiles what the environment's processes import from there too, else each of them
+    compiled json, asyncio, ... from source again where PYTHONDONTWRITEBYTECODE is set."""
+    folder = tmp_path / "env"
+    script = MINIATURE_BUILD.replace(
+        'mkdir -p "$ENV_DIR/bin"\nln -s "$4" "$ENV_DIR/bin/python"',
+        '"$4" -m venv --without-pip "$ENV_DIR"\n'
+        'site="$("$ENV_DIR/bin/python" -c \'import sysconfig; print(sysconfig.get_paths()["purelib"])\')"\n'
+        'echo "ANSWER = 42" > "$site/probe_module.py"\n'
+        'echo "import sys; sys.pycache_prefix = \'$ENV_DIR/pycache\'" > "$site/prefix.pth"',
+    )
+    command = ["bash", "-c", script, "build", str(ENV_CACHE), str(folder), "probe 1", sys.executable]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                         env=os.environ | {"PYTHONDONTWRITEBYTECODE": "1"})  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    modules = "json, asyncio, probe_module"
+    where = f"import importlib.util as u, {modules}; print(*(u.cache_from_source(m.__file__) for m in ({modules})))"
+    found = subprocess.run([str(folder / "bin" / "python"), "-c", where], capture_output=True, text=True, check=True,
+                           env=os.environ | {"PYTHONDONTWRITEBYTECODE": "1"})  # fmt: skip
+    pycs = [Path(name) for name in found.stdout.split()]
+    assert len(pycs) == 3 and all(pyc.is_relative_to(folder / "pycache") and pyc.is_file() for pyc in pycs), pycs
+    assert not list((folder / "pycache").rglob("test_*.pyc"))  # the standard library's own tests left out
+
+
+def test_tau2_v1s_environment_never_writes_the_releases_sources_and_keeps_their_bytecode_under_itself():
+    """The vendored release is read-only (../shared/vendor/README.md), and a user's checkout is theirs: importing tau2,
+    with bytecode written as the suite now writes it, leaves no __pycache__ beside its sources; the bytecode is under
+    the environment, tau2's own compiled by the build."""
+    python = env_python.environment_python("NEMO_TAU2_TAU2_V1_PYTHON", "tau2-v1", "tau2 v1.0.1")
+    probe = "import sys, tau2.registry; print(sys.pycache_prefix, sys.modules['tau2.registry'].__file__)"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"} | {
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True"
+    }
+    found = subprocess.run([python, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+    assert found.returncode == 0, found.stderr[-2000:]
+    prefix, source = found.stdout.split()
+    assert Path(prefix) == Path(python).parents[1] / "pycache", prefix
+    assert not list(Path(source).parents[1].rglob("__pycache__")), "tau2's sources were written"
+    assert list(Path(prefix).rglob("tau2/registry.*.pyc")) and list(Path(prefix).rglob("tau2/domains/*/*.pyc"))
+
+
+def test_a_process_the_tests_start_writes_its_bytecode_where_the_box_says_not_to(tmp_path):
+    """tests/conftest.py: the virtualenvs NeMo-Gym builds for the servers the tests start have no .pyc, and where
+    PYTHONDONTWRITEBYTECODE is set (this project's machines, CI's) each server compiled NeMo-Gym, tau2 and litellm from
+    source again; the suite writes bytecode as Python does by default, once for every later process of the run."""
+    (tmp_path / "probe_module.py").write_text("ANSWER = 42\n")
+    subprocess.run([sys.executable, "-c", "import probe_module"], cwd=tmp_path, check=True, timeout=60,
+                   env=os.environ | {"PYTHONPATH": str(tmp_path)})  # fmt: skip
+    assert list((tmp_path / "__pycache__").glob("probe_module.*.pyc"))
 
 
 BUILD_ONCE = """
