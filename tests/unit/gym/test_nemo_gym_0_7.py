@@ -33,19 +33,16 @@ NOT_ON_NEMO_GYM_0_7 = [
     "tests/unit/gym/agent/test_agent_episodes.py::test_oracle_policy_and_scripted_user_score_one_on_every_base_task",
 ]
 
-
-# ng_run and gym env start from a clean copy, 0.7.0's CLI building each server's venv (160-267 s): a test of its own
+# ng_run and gym env start from a clean copy, 0.7.0's CLI building each server's venv (160-267 s). In the same
+# process as the rest (one interpreter's start, its fork and tau2 templates, its collection): two processes had been
+# the extended tier's split, retired since.
 CLI_ON_NEMO_GYM_0_7 = ["tests/unit/gym/test_gym_cli.py"]
-
-
-def test_the_gym_side_passes_on_nemo_gym_0_7(tmp_path):
-    _run_on_nemo_gym_0_7(ON_NEMO_GYM_0_7, tmp_path)
 
 
 # the subprocess's own timeout (1500 s) is the bound, past the suite's 20-minute hang guard
 @pytest.mark.timeout(1800)
-def test_ng_run_and_gym_env_start_pass_on_nemo_gym_0_7(tmp_path):
-    _run_on_nemo_gym_0_7(CLI_ON_NEMO_GYM_0_7, tmp_path)
+def test_the_gym_side_and_its_cli_pass_on_nemo_gym_0_7(tmp_path):
+    _run_on_nemo_gym_0_7(ON_NEMO_GYM_0_7 + CLI_ON_NEMO_GYM_0_7, tmp_path)
 
 
 def _run_on_nemo_gym_0_7(files: list[str], tmp_path) -> None:
