@@ -23,40 +23,51 @@ from nemo_tau2.gym.replica_health import ReplicaHealth, ServerLoss
 EVAL_FAKE = Path(__file__).parents[3] / "examples" / "configs" / "evals" / "tau2_fake.yaml"
 
 
-async def _agents(hits: dict[str, int]) -> tuple[web.AppRunner, str, str]:
-    """Two agents on one server: ``/answering/run`` answers at once, ``/silent/run`` never does."""
+async def _serve(routes: dict[str, object]) -> tuple[web.AppRunner, str]:
+    """One server on 127.0.0.1 whose ``/<name>/run`` is each handler: the base URL, each agent being base + /name."""
+    app = web.Application()
+    for name, handler in routes.items():
+        app.router.add_post(f"/{name}/run", handler)
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+
+
+def _run_on(routes: dict[str, object], check) -> None:
+    async def main() -> None:
+        runner, base = await _serve(routes)
+        try:
+            async with aiohttp.ClientSession() as http:
+                await asyncio.wait_for(check(http, base), timeout=20)
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(main())
+
+
+async def _answer_ok(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+def _run(check) -> None:
+    """Two agents on one server, each call counted: ``/answering/run`` answers at once, ``/silent/run`` never does."""
+    hits = {"answering": 0, "silent": 0}
 
     async def answering(request: web.Request) -> web.Response:
         hits["answering"] += 1
-        return web.json_response({"status": "ok"})
+        return await _answer_ok(request)
 
     async def silent(request: web.Request) -> web.Response:
         hits["silent"] += 1
         await asyncio.sleep(3600)
         return web.json_response({})
 
-    app = web.Application()
-    app.router.add_post("/answering/run", answering)
-    app.router.add_post("/silent/run", silent)
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.5)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    return runner, f"http://127.0.0.1:{port}/answering", f"http://127.0.0.1:{port}/silent"
+    async def with_agents(http, base: str) -> None:
+        await check(http, f"{base}/answering", f"{base}/silent", hits)
 
-
-def _run(check) -> None:
-    async def main() -> None:
-        hits = {"answering": 0, "silent": 0}
-        runner, answering, silent = await _agents(hits)
-        try:
-            async with aiohttp.ClientSession() as http:
-                await asyncio.wait_for(check(http, answering, silent, hits), timeout=20)
-        finally:
-            await runner.cleanup()
-
-    asyncio.run(main())
+    _run_on({"answering": answering, "silent": silent}, with_agents)
 
 
 def test_an_episode_on_a_replica_declared_lost_ends_within_a_second_naming_the_cause():
@@ -110,30 +121,6 @@ def test_an_episode_past_its_wall_clock_limit_is_an_infrastructure_error_that_sa
         assert body["cause"].endswith("; the episode was dropped") and body["error"].endswith(f" ({silent})")
 
     _run(check)
-
-
-async def _serve(routes: dict[str, object]) -> tuple[web.AppRunner, str]:
-    """One server on 127.0.0.1 whose ``/<name>/run`` is each handler: the base URL, each agent being base + /name."""
-    app = web.Application()
-    for name, handler in routes.items():
-        app.router.add_post(f"/{name}/run", handler)
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.5)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-
-
-def _run_on(routes: dict[str, object], check) -> None:
-    async def main() -> None:
-        runner, base = await _serve(routes)
-        try:
-            async with aiohttp.ClientSession() as http:
-                await asyncio.wait_for(check(http, base), timeout=20)
-        finally:
-            await runner.cleanup()
-
-    asyncio.run(main())
 
 
 async def _drop_connection(request: web.Request) -> web.Response:
@@ -196,10 +183,7 @@ def test_a_replica_that_drops_the_connection_mid_episode_is_named_by_the_watcher
             assert time.monotonic() - began < 0.5 + 1.0 + 5  # the detection time and a poll, never the episode's
             assert await post_episode(http, router, "1", b"{}", timeout_s=600) == (200, {"status": "ok"})
 
-    async def answer(request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    _run_on({"dropping": _drop_connection, "answering": answer}, check)
+    _run_on({"dropping": _drop_connection, "answering": _answer_ok}, check)
 
 
 def test_an_answer_cut_short_is_an_error_of_that_replica_with_no_wait_for_a_verdict():
@@ -215,9 +199,6 @@ def test_an_answer_cut_short_is_an_error_of_that_replica_with_no_wait_for_a_verd
 
 
 def test_a_replica_that_refuses_the_connection_never_got_the_episode_which_goes_to_the_next():
-    async def answer(request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
     async def check(http, base):
         refusing = "http://127.0.0.1:9/agent"  # nothing listens on the discard port
         answering = f"{base}/answering"
@@ -226,7 +207,7 @@ def test_a_replica_that_refuses_the_connection_never_got_the_episode_which_goes_
         status, body = await post_episode(http, ReplicaRouter([refusing]), "0", b"{}", 600)
         assert status == 0 and body["error"].endswith(f" ({refusing})") and "connect" in body["cause"].lower(), body
 
-    _run_on({"answering": answer}, check)
+    _run_on({"answering": _answer_ok}, check)
 
 
 def test_an_agent_whose_resources_replica_was_declared_lost_names_that_loss():
