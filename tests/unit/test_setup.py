@@ -12,6 +12,7 @@ import pytest
 
 from nemo_tau2.env_cache import STAMP_FILE, CacheUnusable, build_once, built_python
 from tests import env_python
+from tests.unit.gym.cli_shell import real_uv
 
 
 def test_an_environment_variable_naming_nothing_fails_the_test_naming_the_command(monkeypatch):
@@ -306,3 +307,21 @@ def test_build_once_builds_a_folder_once_for_every_process_asking_and_never_hand
     blocked.write_text("")  # a file where the cache folder's parent should be: mkdir fails as in a read-only home
     with pytest.raises(CacheUnusable, match="unusable"):
         build_once(blocked / "cache" / "model", lambda into: None)
+
+
+def test_the_servers_venvs_resolve_from_the_set_ups_cache_and_no_test_reaches_a_package_index(tmp_path):
+    """What NeMo-Gym runs to build a server's venv (``uv pip install -r requirements.txt`` in the server's folder, a
+    fresh venv) resolves, from a test, out of the cache the set-up filled: ~200 packages, without a request to an index
+    (tests/conftest.py sets UV_OFFLINE; online, uv revalidated each package's index page: 7.3 s a venv where the index
+    is unreachable). The control: a package asked for with no cache is refused as offline, not looked up."""
+    uv = str(real_uv())
+    venv = tmp_path / "venv"
+    subprocess.run([uv, "venv", "-q", "--python", sys._base_executable, str(venv)], check=True, timeout=60)
+    server = env_python.ROOT / "resources_servers" / "tau2"
+    resolve = [uv, "pip", "install", "--dry-run", "-r", "requirements.txt", "--python", str(venv / "bin" / "python")]
+    resolved = subprocess.run(resolve, cwd=server, capture_output=True, text=True, timeout=120)
+    assert resolved.returncode == 0, resolved.stderr[-2000:]
+    assert int(resolved.stderr.split("Would install ")[1].split()[0]) > 150, resolved.stderr[-2000:]
+    uncached = [uv, "pip", "install", "--dry-run", "--no-cache", "--python", str(venv / "bin" / "python"), "filelock"]
+    refused = subprocess.run(uncached, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0 and "network was disabled" in refused.stderr, refused.stderr[-2000:]
