@@ -3,7 +3,9 @@
 A module's time is the sum of its tests' set-up, call and tear-down durations as pytest reports them: its module
 fixtures start in its first test's set-up and stop in its last test's tear-down, so they are inside; a fixture a whole
 package or the session shares counts in the first module that uses it. Under pytest-xdist the reports reach the
-controller, which does the sums, so a module's time is its wall time on the worker that ran it.
+controller, which does the sums, so a module's time is its wall time on the worker that ran it. Each record also
+says which worker ran the module and when (seconds from the session's start to its first set-up and its last
+tear-down): the timeline ``scripts/cpu_profile.py`` lays the box's idle CPU over, to find the modules that wait.
 
 At the end of the session the times are written to :data:`TIMES_FILE` (``.ci/run`` prints them, sorted, with
 ``python -m tests.module_times``; every 30 s meanwhile too, so a session killed midway leaves its times so far), and
@@ -87,6 +89,8 @@ class ModuleClock:
         self.config, self.budgets = config, budgets
         self.path = Path(config.getoption("--module-times"))
         self.seconds: dict[str, float] = {}
+        self.spans: dict[str, tuple[str, float, float]] = {}  # module: (worker, first start, last stop), epoch s
+        self.started = time.time()
         self.over: list[str] = []
         self.written = time.monotonic()
         self.path.unlink(missing_ok=True)  # a session that runs nothing leaves no times behind, not the last ones
@@ -96,6 +100,9 @@ class ModuleClock:
             self._say_failed(report)
         module = module_of(report.nodeid)
         self.seconds[module] = self.seconds.get(module, 0.0) + report.duration
+        worker = getattr(getattr(report, "node", None), "gateway", None)  # pytest-xdist's worker, on the controller
+        _, first, last = self.spans.get(module, ("", report.start, report.stop))
+        self.spans[module] = (getattr(worker, "id", "main"), min(first, report.start), max(last, report.stop))
         if time.monotonic() - self.written > PARTIAL_EVERY_S:  # a session killed midway leaves its times so far
             self._write(finished=None)
 
@@ -114,12 +121,15 @@ class ModuleClock:
     def _write(self, finished: float | None) -> list[dict]:
         records = [
             {"module": module, "seconds": round(seconds, 1), "budget_s": self.budgets.budget(module),
-             "allowed_s": self.budgets.allowed(module)}
+             "allowed_s": self.budgets.allowed(module), "worker": self.spans[module][0],
+             "started_s": round(self.spans[module][1] - self.started, 1),
+             "ended_s": round(self.spans[module][2] - self.started, 1)}
             for module, seconds in sorted(self.seconds.items(), key=lambda item: -item[1])
         ]  # fmt: skip
         self.path.parent.mkdir(parents=True, exist_ok=True)
         temporary = self.path.with_name(f"{self.path.name}.tmp")
-        temporary.write_text(json.dumps({"finished": finished, "modules": records}, indent=1) + "\n")
+        times = {"started": self.started, "finished": finished, "modules": records}
+        temporary.write_text(json.dumps(times, indent=1) + "\n")
         temporary.replace(self.path)
         self.written = time.monotonic()
         return records
@@ -160,10 +170,13 @@ def print_times(path: Path = TIMES_FILE) -> int:
     records = times["modules"]
     cut_short = "" if times["finished"] else ", so far: the session did not finish"
     print(f"module times ({len(records)} modules, {sum(r['seconds'] for r in records):.0f} s in all{cut_short}):")
-    print(f"{'seconds':>8} {'budget':>7} {'allowed':>8}  module")
+    print(f"{'seconds':>8} {'budget':>7} {'allowed':>8} {'worker':>6} {'from':>6}  module")
     for r in records:
         flag = "  OVER" if r["seconds"] > r["allowed_s"] else ""
-        print(f"{r['seconds']:8.1f} {r['budget_s']:7g} {r['allowed_s']:8g}  {r['module']}{flag}")
+        started = r.get("started_s")  # absent from a file an older version of this plugin wrote
+        start = "-" if started is None else f"{int(started // 60)}:{int(started % 60):02d}"
+        where = f"{r.get('worker', '-'):>6} {start:>6}"
+        print(f"{r['seconds']:8.1f} {r['budget_s']:7g} {r['allowed_s']:8g} {where}  {r['module']}{flag}")
     return 0
 
 

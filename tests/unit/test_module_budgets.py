@@ -74,6 +74,24 @@ def test_modules_within_their_budgets_pass_and_the_times_print_slowest_first(pyt
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("module times (2 modules,")
     assert [line.split()[-1] for line in lines[2:]] == ["test_slow.py", "test_quick.py"]
+    # when each ran, and where: one after the other (file order), in this process
+    records = {r["module"]: r for r in json.loads((pytester.path / "times.json").read_text())["modules"]}
+    quick, slow = records["test_quick.py"], records["test_slow.py"]
+    assert 0 <= quick["started_s"] <= quick["ended_s"] <= slow["started_s"] < slow["ended_s"], records
+    assert slow["ended_s"] - slow["started_s"] >= 0.4 and {quick["worker"], slow["worker"]} == {"main"}
+
+
+def test_under_xdist_each_module_names_the_worker_that_ran_it(pytester):
+    pytester.makefile(".toml", budgets=_table({}))
+    pytester.makepyfile(test_a=QUICK_MODULE, test_b=QUICK_MODULE)
+    times = pytester.path / "times.json"
+    result = pytester.runpytest_subprocess(
+        "-p", "tests.module_times", "--module-budgets", "budgets.toml", "--module-times", str(times), "-n", "2",
+        "-p", "no:cacheprovider", "-o", "addopts=", "-o", "asyncio_default_fixture_loop_scope=function",
+    )  # fmt: skip
+    result.assert_outcomes(passed=4)
+    workers = {r["module"]: r["worker"] for r in json.loads(times.read_text())["modules"]}
+    assert set(workers) == {"test_a.py", "test_b.py"} and set(workers.values()) <= {"gw0", "gw1"}, workers
 
 
 def test_a_session_that_runs_nothing_leaves_no_times_and_the_printer_says_so(pytester, capsys):

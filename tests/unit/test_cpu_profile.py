@@ -1,0 +1,44 @@
+"""scripts/cpu_profile.py: a command's CPU by kind of process, sampled from /proc while it runs, and the box's idle
+share while each test module ran; bad arguments are one line and exit 2."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "cpu_profile.py"
+
+# a process that burns 1.5 CPU-s, named as an entry point of examples/ on its command line, then exits 3
+BUSY = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.5: pass\nraise SystemExit(3)"
+
+
+def _profile(*arguments: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *arguments], capture_output=True, text=True, timeout=120)
+
+
+def test_a_commands_cpu_is_counted_by_kind_and_its_exit_status_kept(tmp_path):
+    out = tmp_path / "cpu.json"
+    run = _profile("--out", str(out), "--every", "0.2", "--", sys.executable, "-c", BUSY, "examples/probe.py")
+    assert run.returncode == 3, run.stderr
+    figures = json.loads(run.stdout.splitlines()[-1])
+    entry_points = figures["by_kind_cpu_s"]["training and eval entry points (examples/)"]
+    assert 1 <= entry_points <= 2, figures  # its 1.5 CPU-s, and not what ran on the box before it
+    assert "CPU by kind of process" in run.stdout and 0 <= figures["idle_share"] <= 1
+
+    # the same samples, reported with module times: the idle share while a module ran
+    samples = json.loads(out.read_text())
+    end = samples["idle"][-1][0]
+    times = {"started": samples["started"], "finished": None,
+             "modules": [{"module": "test_x.py", "seconds": 30.0, "started_s": 0.0, "ended_s": end}]}  # fmt: skip
+    (tmp_path / "times.json").write_text(json.dumps(times))
+    report = _profile("--report", str(out), "--module-times", str(tmp_path / "times.json"))
+    assert report.returncode == 0, report.stderr
+    shares = json.loads(report.stdout.splitlines()[-1])["module_idle_share"]
+    assert list(shares) == ["test_x.py"] and 0 <= shares["test_x.py"] <= 1
+
+
+def test_bad_arguments_are_one_line_and_exit_2(tmp_path):
+    for arguments in (["--report", str(tmp_path / "none.json")], [], ["--", "true"]):
+        run = _profile(*arguments)
+        assert run.returncode == 2 and run.stdout == "" and run.stderr.count("\n") == 1, (arguments, run.stderr)
