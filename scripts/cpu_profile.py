@@ -16,6 +16,7 @@ filling the idle share. The last line is JSON.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -84,11 +85,9 @@ def sample(command: list[str], out: Path, every_s: float) -> int:
     while True:
         now = time.time() - started
         for key, cpu, pid in _processes(tick):
-            try:
-                record = processes.setdefault(key, {"command": "", "first_s": now})
+            record = processes.setdefault(key, {"command": "", "first_s": now})
+            with contextlib.suppress(OSError):  # gone between the listing and the read: its CPU still counts
                 record["command"] = record["command"] or _command_line(pid)
-            except OSError:  # gone between the listing and the read
-                continue
             record |= {"cpu_s": round(cpu - before.get(key, 0.0), 2), "last_s": now}
         counters = _idle_and_total()
         idle.append([round(now, 1), (counters[0] - last_counters[0]) / max(1, counters[1] - last_counters[1])])
