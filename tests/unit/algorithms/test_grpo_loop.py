@@ -237,13 +237,14 @@ MEGATRON = pytest.param(
 @pytest.mark.parametrize("backend", ["torch", MEGATRON])
 def test_a_rerun_resumes_from_the_latest_checkpoint_with_its_weights(tiny_policy, tmp_path, backend, request):
     """With either training backend. The Megatron one (one Ray actor rank, megatron-core in CPU mode on gloo) is
-    also the Megatron learning run: 8 steps (not 2) of the learning tests' run with its own optimizer
+    also the Megatron learning run: 10 steps (not 2) of the learning tests' run with its own optimizer
     (``megatron_cfg.optimizer``, the same lr) raise the mean reward and the right call's margin as the torch run must
     (folded in here: one Megatron start instead of two); and its weights reach the hf engine after each step (HF
     export): what it samples has the trainer's logprobs (measured max |diff| <= 1.0e-5 a step; one unsynced step moves
-    them by far more than 1e-4)."""
+    them by far more than 1e-4). Measured on a quiet box (2026-12-06): 0.617 -> 0.859 and 0.891 in 8 steps, 0.891
+    and 0.914 in 10; a fresh-clone CI run's 8 steps (74b4b3c) stalled at 0.50 -> 0.57, hence 10."""
     megatron = backend == "megatron"
-    steps, save_period = (8, 4) if megatron else (2, 1)
+    steps, save_period = (10, 5) if megatron else (2, 1)
     keys = [EPISODES, f"checkpointing.save_period={save_period}"] + (["policy.megatron_cfg.enabled=true"] * megatron)
     first = _config(tmp_path, tiny_policy, f"grpo.max_num_steps={steps}", *keys)
     train_rows, val_rows = grpo.load_rows(first)
@@ -262,10 +263,10 @@ def test_a_rerun_resumes_from_the_latest_checkpoint_with_its_weights(tiny_policy
         uninterrupted_weights = s.policy.state_dict_for_generation()
     finally:
         s.close()
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith("step_")) == [
+    assert {p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith("step_")} == {
         f"step_{steps - save_period}",
         f"step_{steps}",
-    ]
+    }
     if megatron:
         start_reward = request.getfixturevalue("start_reward")
         assert _rose(start_reward, learned), (start_reward, learned)
