@@ -142,11 +142,12 @@ def _module_idle(samples: dict, module_times: dict) -> dict[str, float]:
         inside = [share for seconds, share in samples["idle"][1:] if start < seconds <= end]
         if module["seconds"] >= 30 and inside:
             shares[module["module"]] = round(sum(inside) / len(inside), 3)
+    most_idle_first = dict(sorted(shares.items(), key=lambda item: -item[1]))
     print(f"{'idle %':>7} {'seconds':>8}  module (the box's idle share while it ran; modules of 30 s or more)")
     seconds = {m["module"]: m["seconds"] for m in module_times["modules"]}
-    for module, share in sorted(shares.items(), key=lambda item: -item[1]):
+    for module, share in most_idle_first.items():
         print(f"{100 * share:6.0f}% {seconds[module]:8.1f}  {module}")
-    return dict(sorted(shares.items(), key=lambda item: -item[1]))
+    return most_idle_first
 
 
 def main(argv: list[str]) -> int:
