@@ -57,8 +57,18 @@ setup_project() {
   local python
   python="$(python312)"
   log "project environment (.venv) with $python"
-  # --compile-bytecode: .pyc once, even where PYTHONDONTWRITEBYTECODE is set (the Gym servers start twice as fast)
-  UV_PYTHON="$python" uv sync --locked --extra training --extra llamacpp --extra megatron --compile-bytecode
+  UV_PYTHON="$python" uv sync --locked --extra training --extra llamacpp --extra megatron
+  # Bytecode: each module's .pyc is written on its first import, under .venv/pycache (sys.pycache_prefix), also where
+  # PYTHONDONTWRITEBYTECODE is set (this project's machines and CI's): a process reads what an earlier one compiled,
+  # and nothing outside .venv is written (the checkout, ../shared/vendor). `uv sync --compile-bytecode` did the first
+  # part by compiling all 30,722 files of .venv at set-up (79 CPU-s, 42 s of this part's 57 on the 2-core box), most
+  # of them never imported (mlflow, plotly, wandb, sympy, ...); and it left our own package compiled in no process.
+  "$ROOT/.venv/bin/python" -c '
+import sys, sysconfig
+from pathlib import Path
+prefix = str(Path(sys.prefix) / "pycache")
+line = f"import sys; sys.pycache_prefix = sys.pycache_prefix or {prefix!r}; sys.dont_write_bytecode = False\n"
+Path(sysconfig.get_paths()["purelib"], "nemo_tau2_bytecode.pth").write_text(line)'
 }
 
 setup_chromium() {

@@ -258,9 +258,27 @@ def test_a_process_the_tests_start_writes_its_bytecode_where_the_box_says_not_to
     PYTHONDONTWRITEBYTECODE is set (this project's machines, CI's) each server compiled NeMo-Gym, tau2 and litellm from
     source again; the suite writes bytecode as Python does by default, once for every later process of the run."""
     (tmp_path / "probe_module.py").write_text("ANSWER = 42\n")
-    subprocess.run([sys.executable, "-c", "import probe_module"], cwd=tmp_path, check=True, timeout=60,
+    # -S: no site, so not the project environment's own rule below (its .pth); a NeMo-Gym-built venv has none
+    subprocess.run([sys.executable, "-S", "-c", "import probe_module"], cwd=tmp_path, check=True, timeout=60,
                    env=os.environ | {"PYTHONPATH": str(tmp_path)})  # fmt: skip
     assert list((tmp_path / "__pycache__").glob("probe_module.*.pyc"))
+
+
+def test_the_project_environment_writes_each_modules_bytecode_on_first_import_under_itself_and_nowhere_else(tmp_path):
+    """scripts/setup.sh compiles nothing at set-up (`--compile-bytecode` compiled all 30,722 files of .venv, 79 CPU-s,
+    most never imported); the environment's .pth has each module's .pyc written on its first import, where the box
+    sets PYTHONDONTWRITEBYTECODE too, under .venv/pycache: the next process reads it, and the source tree beside the
+    module (a checkout, ../shared/vendor) gets nothing."""
+    (tmp_path / "probe_module.py").write_text("ANSWER = 42\n")
+    env = os.environ | {"PYTHONPATH": str(tmp_path), "PYTHONDONTWRITEBYTECODE": "1"}
+    probe = "import sys, importlib.util as u, probe_module; print(u.cache_from_source(probe_module.__file__))"
+    runs = [subprocess.run([sys.executable, "-v", "-c", probe], cwd=tmp_path, capture_output=True, text=True,
+                           env=env, timeout=60, check=True) for _ in range(2)]  # fmt: skip
+    pyc = Path(runs[0].stdout.strip())
+    assert pyc.is_file() and pyc.is_relative_to(Path(sys.prefix) / "pycache"), pyc
+    assert not (tmp_path / "__pycache__").exists()
+    assert f"created '{pyc}'" in runs[0].stderr  # the first writes it, the second reads it:
+    assert f"code object from '{pyc}'" in runs[1].stderr
 
 
 BUILD_ONCE = """
