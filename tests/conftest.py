@@ -36,8 +36,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # NemoGym actor's, the peer bench's agent) get no .pyc from uv, so each server compiled NeMo-Gym, tau2 and litellm
 # from source again: 7.3 CPU-s against 2.9 to import NeMo-Gym's server code and tau2's registry in the peer agent's
 # venv. Now the first process of a run writes it and the next ones read it: the NeMo-RL client, NeMo-Gym 0.4.0 client,
-# peer bench and gym CLI modules, two workers, 449 -> 387 s. Our own environments are compiled when built
-# (scripts/env_cache.sh); sources that are only read (../shared/vendor) have their bytecode under their environment.
+# peer bench and gym CLI modules, two workers, 449 -> 387 s. The project's environment writes its own under
+# .venv/pycache whatever the box says (scripts/setup.sh); the others are compiled when built (scripts/env_cache.sh);
+# sources that are only read (../shared/vendor) have their bytecode under their environment.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
 
