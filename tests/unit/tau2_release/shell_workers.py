@@ -4,7 +4,7 @@ the machine (its home, the temporary folder). A model-run command must see none 
 
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,8 +14,14 @@ import pytest
 from nemo_tau2.tau2_release.client import Tau2Worker
 from nemo_tau2.tau2_release.config import NLJudgeConfig, ShellConfig, Tau2ReleaseConfig
 from tests.tau2_v1_env import tau2_v1_python
+from tests.unit.tau2_release.test_parity_v1 import reference_results
 
 TIMEOUT_S = 5
+
+#: What srt (tau2's shell sandbox, 0.0.23) answers when its two socat bridges are not listening ~0.6 s after it started
+#: them: its own start-up losing a race on a loaded box (a fresh-clone run, three test workers on two cores), which
+#: tau2 hands the agent as the command's answer. Our sandbox starts no bridge (bubblewrap, no network).
+SRT_START_FAILURE = "Failed to create bridge sockets"
 KEY_VARIABLES = ("OPENAI_API_KEY", "NEMO_TAU2_USER_KEY", "NEMO_TAU2_JUDGE_KEY", "NEMO_TAU2_EMBEDDINGS_KEY",
                  "WANDB_API_KEY")  # fmt: skip
 
@@ -67,3 +73,20 @@ def shell_worker(judge, variant: str, planted: Planted) -> Iterator[Tau2Worker]:
         worker = Tau2Worker(config)
     with worker:
         yield worker
+
+
+def srt_reference_results(references: list, start: Callable[[], list], runs: int = 3) -> dict:
+    """What tau2's own runs in its shell sandbox scored (:func:`reference_results`), run again with ``start`` where one
+    of their commands met srt's start-up failure (:data:`SRT_START_FAILURE`), at most ``runs`` runs in all: that answer
+    is the sandbox failing to start, not tau2's answer to the command, and comparing it failed the test on the box's
+    load, not on a difference."""
+    for run in range(runs):
+        theirs = reference_results(references if run == 0 else start())
+        failed = sorted(key for key, episode in theirs.items() if _srt_failed(episode["tool_answers"]))
+        if not failed:
+            return theirs
+    raise AssertionError(f"tau2's own sandbox (srt) failed to start a command in each of {runs} runs: {failed}")
+
+
+def _srt_failed(answers: list[dict]) -> bool:
+    return any(SRT_START_FAILURE in str(answer.get("content")) for answer in answers)

@@ -5,18 +5,21 @@ bounded answer, never a crash, a file outside the episode's folder or a process 
 write variant see nothing of each other; an episode's sandbox goes with it, the worker's folder with the worker; a
 missing dependency is refused at start in one line."""
 
+import json
 import os
 import shutil
 import subprocess
+import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from nemo_tau2.tau2_release.client import Tau2Worker, Tau2WorkerError
 from tests.unit.tau2_release.episode_scripts import episode_scripts
-from tests.unit.tau2_release.shell_workers import TIMEOUT_S, shell_config
-from tests.unit.tau2_release.test_parity_v1 import assert_same_as_tau2, reference_results, start_references
+from tests.unit.tau2_release.shell_workers import SRT_START_FAILURE, TIMEOUT_S, shell_config, srt_reference_results
+from tests.unit.tau2_release.test_parity_v1 import assert_same_as_tau2, start_references
 from tests.unit.tau2_release.worker_episodes import play, play_every_script
 
 DOMAIN = "banking_knowledge"
@@ -57,13 +60,33 @@ def test_shell_variants_score_and_answer_as_tau2(variant, writable, read_only, j
     stride = 12 if variant == "terminal_use" else 32  # each writable sandbox exports the corpus anew, on both sides
     tasks = [task for index, task in enumerate(every) if index % stride == 0]
     # tau2's own sandboxes are never removed: in the test's folder, not the machine's /tmp
-    references = start_references({DOMAIN: tasks}, judge.base_url, {"TMPDIR": str(tmp_path)}, tmp_path,
-                                  retrieval_variant=variant, reads=SHELL_READS)  # fmt: skip
+    start = partial(start_references, {DOMAIN: tasks}, judge.base_url, {"TMPDIR": str(tmp_path)}, tmp_path,
+                    retrieval_variant=variant, reads=SHELL_READS)  # fmt: skip
+    references = start()
     ours = play_every_script(worker, DOMAIN, tasks, greeting, SHELL_READS)
-    assert_same_as_tau2(ours, reference_results(references))
+    assert_same_as_tau2(ours, srt_reference_results(references, start))
     assert all(ours[key]["reward"] == 1.0 for key in ours if key.endswith("/oracle"))
     found = [ours[key]["tool_answers"][0]["content"] for key in ours if key.endswith("/extra_reads")]
     assert found and all("./doc_" in answer for answer in found)  # the files grep found, sorted
+
+
+def test_a_reference_run_whose_sandbox_failed_to_start_is_run_again_and_a_lasting_failure_is_named():
+    """srt's own start-up failure in tau2's reference run (its bridges not listening in time, on a loaded box) is no
+    answer to compare: that run is run again; a run that meets it every time fails naming srt, never passes."""
+
+    def reference(content: str) -> subprocess.Popen:  # a reference process's answer on its stdout, as v1_reference's
+        scored = {"bk/task_001/extra_reads": {"reward": 1.0, "tool_answers": [{"content": content, "error": False}]}}
+        return subprocess.Popen([sys.executable, "-c", "import sys; print(sys.argv[1])", json.dumps(scored)],
+                                stdout=subprocess.PIPE, text=True)  # fmt: skip
+
+    failed = f"Error (exit code 1): Error: {SRT_START_FAILURE} after 5 attempts\n"
+    starts = []
+    rerun = lambda content: lambda: starts.append(content) or [reference(content)]  # noqa: E731
+    theirs = srt_reference_results([reference(failed)], rerun("699\n"))
+    assert theirs["bk/task_001/extra_reads"]["tool_answers"][0]["content"] == "699\n" and starts == ["699\n"]
+    assert srt_reference_results([reference("699\n")], rerun("unused")) and starts == ["699\n"]  # once is enough
+    with pytest.raises(AssertionError, match=r"srt\) failed to start a command in each of 3 runs: \['bk/task_001"):
+        srt_reference_results([reference(failed)], rerun(failed))
 
 
 def test_hostile_commands_get_tau2s_refusal_or_a_bound_and_leave_nothing_behind(writable, judge):

@@ -12,14 +12,15 @@ import re
 import shutil
 import subprocess
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from nemo_tau2.tau2_release.client import Tau2Worker, Tau2WorkerError
 from tests.unit.tau2_release.episode_scripts import episode_scripts
-from tests.unit.tau2_release.shell_workers import Planted
-from tests.unit.tau2_release.test_parity_v1 import assert_same_as_tau2, reference_results, start_references
+from tests.unit.tau2_release.shell_workers import Planted, srt_reference_results
+from tests.unit.tau2_release.test_parity_v1 import assert_same_as_tau2, start_references
 from tests.unit.tau2_release.worker_episodes import play, summary
 
 DOMAIN = "banking_knowledge"
@@ -196,11 +197,13 @@ def test_what_a_real_agent_runs_answers_as_in_tau2s_own_sandbox(variant, writabl
     reads = [
         {"name": "shell", "arguments": {"command": command}, "requestor": "assistant"} for command in AGENT_COMMANDS
     ]
-    references = start_references({DOMAIN: [task]}, judge.base_url, {"TMPDIR": str(tmp_path)}, tmp_path,
-                                  retrieval_variant=variant, reads=reads, scripts=["extra_reads"])  # fmt: skip
+    start = partial(start_references, {DOMAIN: [task]}, judge.base_url, {"TMPDIR": str(tmp_path)}, tmp_path,
+                    retrieval_variant=variant, reads=reads, scripts=["extra_reads"])  # fmt: skip
+    references = start()
     played = play(worker, DOMAIN, task["id"], episode_scripts(task, greeting, reads)["extra_reads"])
     ours = {f"{DOMAIN}/{task['id']}/extra_reads": summary(played)}
-    assert_same_as_tau2(_listing_times_masked(ours), _listing_times_masked(reference_results(references)))
+    theirs = srt_reference_results(references, start)
+    assert_same_as_tau2(_listing_times_masked(ours), _listing_times_masked(theirs))
     answers = [answer["content"] for answer in played["tool_answers"][: len(AGENT_COMMANDS)]]
     assert "./doc_" in answers[8] and "No such file or directory" in answers[25]
     assert ("Read-only file system" in answers[30]) == (variant == "terminal_use")
