@@ -22,9 +22,13 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import nemo_tau2  # noqa: F401  (offline settings before tau2 loads litellm)
 from nemo_tau2.tau2_env import ALL_DOMAINS, domain_problem
+
+if TYPE_CHECKING:
+    from nemo_tau2.experience.rollouts import RolloutResult
 
 FAKE = {"backend": "fake", "temperature": 1.0, "top_p": 1.0, "max_new_tokens": 1024, "fake_cfg": {}}
 
@@ -106,10 +110,25 @@ def main(argv: list[str]) -> int:
     tmp = args.output.with_name(args.output.name + ".tmp")
     tmp.write_text("".join(json.dumps(c) + "\n" for c in conversations))
     tmp.replace(args.output)
+    infra = sum(not result.ok for result in results)
     failed = len(results) - len(conversations)
-    print(f"oracle: {len(conversations)} successful episodes of {len(results)} ({failed} not kept) -> {args.output}")
-    print(json.dumps({"episodes": len(results), "written": len(conversations)}))
+    print(f"oracle: {len(conversations)} successful episodes of {len(results)} ({failed} not kept, {infra} of them "
+          f"infrastructure errors) -> {args.output}")  # fmt: skip
+    for result in results:
+        if not (result.ok and result.success):
+            where = f"{result.domain}/{result.task_id} sample {result.sample_index}"
+            print(f"  not kept: {where}: {not_kept_reason(result)}")
+    print(json.dumps({"episodes": len(results), "written": len(conversations), "infrastructure_errors": infra}))
     return 0 if conversations else 1
+
+
+def not_kept_reason(result: "RolloutResult") -> str:
+    """Why an episode taught nothing: its server's failure (never scored), else how tau2 scored it and what ended it.
+    The oracle plays the gold actions, so either one is worth reading: an outage, or a task the oracle cannot pass."""
+    if not result.ok:
+        return f"infrastructure error: {result.error}"
+    checks = ", ".join(f"{name} {value}" for name, value in sorted(result.reward_components.items()))
+    return f"reward {result.reward} ({checks or 'no checks recorded'}); ended {result.tau2_failure_kind}"
 
 
 def _release_rows_and_gold(tau2, args: argparse.Namespace) -> tuple[list[dict], dict]:

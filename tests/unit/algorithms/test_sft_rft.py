@@ -334,3 +334,16 @@ def test_the_training_scripts_share_one_front_door(tmp_path):
         assert "Gym capacity" in run.stdout  # both run Gym servers (SFT for its validation episodes)
     unplanned = _in_process("run_rft.py", "--config", str(EXAMPLES / "configs" / "rft_tau2_qwen3_4b.yaml"), "--plan")
     assert unplanned.returncode == 2 and "no config.json for 'results/sft_qwen3_4b" in unplanned.stderr
+
+
+def test_the_oracle_says_why_an_episode_was_not_kept():
+    """An episode the oracle did not pass is an outage (its error, never a score) or a task it cannot pass (its reward
+    and tau2's checks): the line names which, so a run that wrote nothing can be read."""
+    reason = runpy.run_path(str(EXAMPLES / "oracle_sft_data.py"))["not_kept_reason"]
+    common = {"row_index": 0, "group_index": 0, "sample_index": 0, "domain": "mock", "task_id": "update_task_1"}
+    outage = RolloutResult(**common, status=EpisodeStatus.INFRASTRUCTURE_ERROR, error="agent: 502 from the policy")
+    assert reason(outage) == "infrastructure error: agent: 502 from the policy"
+    checks = {"db_match": 0.0, "communicate": 1.0}
+    scored = RolloutResult(**common, status=EpisodeStatus.OK, reward=0.0, success=False, reward_components=checks,
+                           tau2_failure_kind="max_steps")  # fmt: skip
+    assert reason(scored) == "reward 0.0 (communicate 1.0, db_match 0.0); ended max_steps"
