@@ -54,7 +54,7 @@ def oracle_rows(start, tmp_path_factory) -> Path:
     command = [sys.executable, str(EXAMPLES / "oracle_sft_data.py"), "--domains", "mock", "--split", "base",
                "--task-ids", *TASKS, "--compact-rows", "--output", str(folder / "oracle.jsonl")]  # fmt: skip
     run = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.returncode == 0, run.stdout + run.stderr + _log_tails(folder / "oracle_logs")
     tokenizer = AutoTokenizer.from_pretrained(start)
     conversations = [json.loads(line) for line in (folder / "oracle.jsonl").read_text().splitlines()]
     assert len(conversations) == len(TASKS)
@@ -62,6 +62,12 @@ def oracle_rows(start, tmp_path_factory) -> Path:
     path = folder / "rows.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
+
+
+def _log_tails(folder: Path, lines: int = 40) -> str:
+    """The last lines of each server log under ``folder``: what a failed run's servers said."""
+    tails = [(log, log.read_text(errors="replace").splitlines()[-lines:]) for log in sorted(folder.rglob("*.log"))]
+    return "".join(f"\n--- {log.relative_to(folder)}\n" + "\n".join(tail) for log, tail in tails)
 
 
 def _sft_config(tmp: Path, model: Path, rows: Path, *overrides: str) -> SFTMasterConfig:
