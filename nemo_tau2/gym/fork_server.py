@@ -21,7 +21,7 @@ Isolation, as with separate interpreters:
   classes' imports took 4.7 s on an idle 2-core box, and 12 s at load 8, in every stop of a Gym stack (the launcher
   waits for it); frozen, it is a fraction of a second (atexit handlers, coverage's among them, still run).
 
-Protocol: JSON messages over a ``SOCK_SEQPACKET`` Unix socket pair (one message per packet, descriptors alongside).
+Protocol: JSON messages over a ``SOCK_SEQPACKET`` Unix socket pair (:mod:`nemo_tau2.gym.fork_protocol`).
 """
 
 import contextlib
@@ -40,10 +40,10 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from nemo_tau2.gym.fork_protocol import fork_from_template, receive_message, send_message
 from nemo_tau2.lease import LEASE_FILE_ENV, lease_expired, watch_lease_from_env
 from nemo_tau2.processes import child_environment, die_with_parent
 
-_MAX_MESSAGE = 1 << 20
 _STOP_GRACE_S = 5.0
 
 # SIGTERM's handler as the interpreter started: a start-up hook's where it is callable (coverage's `sigterm` one saves
@@ -65,60 +65,7 @@ class ServerExit:
     returncode: int  # as subprocess's: negative for a signal
 
 
-def _send(sock: socket.socket, message: dict, fds: list[int] = ()) -> None:
-    socket.send_fds(sock, [json.dumps(message).encode()], list(fds))
-
-
-def _receive(sock: socket.socket, max_fds: int = 0) -> tuple[dict | None, list[int]]:
-    data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, max_fds)
-    return (json.loads(data) if data else None), fds
-
-
 # ====================================================================== launcher side
-
-_TEMPLATE_WAIT_S = 180.0  # a template still importing (the session's first stack) answers when it is done
-
-
-class TemplateFork:
-    """A fork server forked by a fork template: the template's child, not this process's, so its end is read from a
-    pidfd and its exit code is the template's to reap (and log): ``returncode`` is 0 once it has ended. What
-    :class:`ForkServer` uses of a ``subprocess.Popen``."""
-
-    def __init__(self, pid: int, control: socket.socket):
-        self.pid, self.control, self.returncode = pid, control, None
-        self._pidfd = os.pidfd_open(pid)
-
-    def poll(self) -> int | None:
-        if self.returncode is None and select.select([self._pidfd], [], [], 0)[0]:
-            self.returncode = 0
-            os.close(self._pidfd)
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        if self.returncode is None and not select.select([self._pidfd], [], [], timeout)[0]:
-            raise subprocess.TimeoutExpired("fork server", timeout)
-        return self.poll()
-
-
-def _fork_from_template(path: str, preload: list[str], env: dict[str, str], log_path: Path) -> TemplateFork | None:
-    """Ask the fork template at ``path`` for a fork server; None where it cannot give one (then start it anew)."""
-    control = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        control.connect(path)
-        request = {"preload": preload, "env": env, "cwd": os.getcwd(), "python": sys.executable, "prefix": sys.prefix}
-        launcher = os.pidfd_open(os.getpid())  # the fork server ends with this process, as PDEATHSIG would have it
-        try:
-            with open(log_path, "ab") as log:
-                _send(control, request, [log.fileno(), launcher])
-        finally:
-            os.close(launcher)
-        message = _receive(control)[0] if select.select([control], [], [], _TEMPLATE_WAIT_S)[0] else None
-        if message and message.get("event") == "forked":
-            return TemplateFork(message["pid"], control)
-    except OSError:
-        pass
-    control.close()
-    return None
 
 
 class ForkServer:
@@ -142,7 +89,10 @@ class ForkServer:
         environment = child_environment(
             (env or {}) | {"PYTHONUNBUFFERED": "1", "OPENBLAS_NUM_THREADS": "1"}, drop_secret_names=True
         )
-        forked = _fork_from_template(template, preload, environment, self.log_path) if template else None
+        forked = None
+        if template:
+            with open(self.log_path, "ab") as log:
+                forked = fork_from_template(template, {"preload": preload, "env": environment}, [log.fileno()])
         if forked is not None:
             self.process, self._socket = forked, forked.control
             return
@@ -176,7 +126,7 @@ class ForkServer:
         try:
             with open(log_path, "ab") as log:
                 request = {"op": "spawn", "name": name, "argv": argv, "env": env}
-                _send(self._socket, request, [log.fileno(), read_end])
+                send_message(self._socket, request, [log.fileno(), read_end])
         finally:
             os.close(read_end)
         with os.fdopen(write_end, "wb") as pipe:  # a pipe buffer holds far more than a few keys
@@ -194,7 +144,7 @@ class ForkServer:
     def exits(self) -> list[ServerExit]:
         """Every server that has exited so far (reads what the fork server has reported; does not block)."""
         while self._socket.fileno() >= 0 and select.select([self._socket], [], [], 0)[0]:
-            message, _ = _receive(self._socket)
+            message, _ = receive_message(self._socket)
             if message is None:
                 break
             self._take(message)
@@ -214,7 +164,7 @@ class ForkServer:
             if left <= 0:
                 raise ForkServerError(f"the fork server did not {doing} within {timeout_s:g} s")
             if select.select([self._socket], [], [], min(left, 0.5))[0]:
-                message, _ = _receive(self._socket)
+                message, _ = receive_message(self._socket)
                 if message is None:
                     raise ForkServerError(
                         f"the fork server exited (code {self.process.poll()}) before it could {doing}"
@@ -323,7 +273,7 @@ def _reap(children: dict[int, str], control: socket.socket | None) -> None:
         print(f"server {name!r} (pid {pid}) exited with code {code}", flush=True)
         if control is not None:
             with contextlib.suppress(OSError):
-                _send(control, {"event": "exited", "pid": pid, "returncode": code})
+                send_message(control, {"event": "exited", "pid": pid, "returncode": code})
 
 
 def main(argv: list[str]) -> None:
@@ -355,13 +305,13 @@ def serve(control: socket.socket, preload: list[str], launcher_pidfd: int | None
             preload_s = import_server_classes(preload)
         except Exception as e:
             traceback.print_exc()
-            _send(control, {"event": "error", "error": f"{type(e).__name__}: {e}"})
+            send_message(control, {"event": "error", "error": f"{type(e).__name__}: {e}"})
             return
         if threading.active_count() != 1:  # a Python thread would not survive fork() in the children
             names = [thread.name for thread in threading.enumerate()]
-            _send(control, {"event": "error", "error": f"threads running after the imports: {names}"})
+            send_message(control, {"event": "error", "error": f"threads running after the imports: {names}"})
             return
-        _send(control, {"event": "ready", "preload_s": round(preload_s, 3)})
+        send_message(control, {"event": "ready", "preload_s": round(preload_s, 3)})
         lease = os.environ.get(LEASE_FILE_ENV)
         watched = [control] if launcher_pidfd is None else [control, launcher_pidfd]
         while not (lease and lease_expired(lease)):  # the head stopped renewing: stop the servers, end
@@ -369,7 +319,7 @@ def serve(control: socket.socket, preload: list[str], launcher_pidfd: int | None
             if launcher_pidfd in readable:
                 break  # the launcher has ended (a template's fork has no PDEATHSIG tied to it)
             if control in readable:
-                message, fds = _receive(control, max_fds=2)
+                message, fds = receive_message(control, max_fds=2)
                 if message is None:
                     break  # the launcher is done (or gone)
                 log_fd, secrets_fd = fds
@@ -383,7 +333,7 @@ def serve(control: socket.socket, preload: list[str], launcher_pidfd: int | None
                 os.close(secrets_fd)
                 children[pid] = message["name"]
                 print(f"forked server {message['name']!r} as pid {pid}", flush=True)
-                _send(control, {"event": "spawned", "name": message["name"], "pid": pid})
+                send_message(control, {"event": "spawned", "name": message["name"], "pid": pid})
             _reap(children, control)
     except _Stop:
         pass

@@ -21,15 +21,18 @@ Secrets never pass through the template: they go from the launcher to each serve
 """
 
 import contextlib
+import importlib
 import os
 import select
 import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
-from nemo_tau2.gym.fork_server import _reap, _receive, _send, flush_and_exit, import_server_classes, serve
+from nemo_tau2.gym.fork_protocol import receive_message, send_message
+from nemo_tau2.gym.fork_server import _STARTING_SIGTERM, _reap, flush_and_exit, import_server_classes, serve
 from nemo_tau2.processes import child_environment, die_with_parent, wait_for_listener
 
 TEMPLATE_ENV = "NEMO_TAU2_FORK_TEMPLATE"
@@ -70,26 +73,33 @@ class ForkTemplate:
             self.process.wait()
 
 
+def _take_the_launchers_place(request: dict, log_fds: tuple[int, int]) -> None:
+    """In the forked child: leave the template's wake-up pipe, take a session of its own (ended with the template's
+    end too), the launcher's environment and folder, and ``log_fds`` as stdout and stderr."""
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for fd in _WAKE:
+        os.close(fd)
+    os.setsid()
+    die_with_parent()  # the template's end ends it too
+    for target, fd in zip((1, 2), log_fds, strict=True):
+        os.dup2(fd, target)
+    for fd in set(log_fds):
+        os.close(fd)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    sys.path[0] = request["cwd"]  # where ``python -m`` in that folder would have looked first
+    extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+    sys.path[1:1] = extra
+
+
 def _become_fork_server(control: socket.socket, request: dict, log_fd: int, launcher_pidfd: int) -> None:
     """In the forked child: take the launcher's environment, folder and log, then serve as its fork server."""
     code = 1
     try:
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        for fd in _WAKE:
-            os.close(fd)
-        os.setsid()
-        die_with_parent()  # the template's end ends it too
-        os.dup2(log_fd, 1)
-        os.dup2(log_fd, 2)
-        os.close(log_fd)
-        os.environ.clear()
-        os.environ.update(request["env"])
-        os.chdir(request["cwd"])
-        sys.path[0] = request["cwd"]  # where ``python -m`` in that folder would have looked first
-        extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
-        sys.path[1:1] = extra
-        _send(control, {"event": "forked", "pid": os.getpid()})
+        _take_the_launchers_place(request, (log_fd, log_fd))
+        send_message(control, {"event": "forked", "pid": os.getpid()})
         serve(control, request["preload"], launcher_pidfd)
         code = 0
     except BaseException:
@@ -100,25 +110,60 @@ def _become_fork_server(control: socket.socket, request: dict, log_fd: int, laun
         flush_and_exit(code)
 
 
+def _become_call(control: socket.socket, request: dict, fds: list[int], launcher_pidfd: int) -> None:
+    """In the forked child: take the launcher's environment and folder, its stdout pipe and stderr, then call
+    ``request["call"]`` (``module:function``) with ``request["argv"]``, as ``python -m module argv`` would have run.
+    The launcher's end ends it (SIGTERM, as ``PR_SET_PDEATHSIG`` would)."""
+    code = 1
+    try:
+        _take_the_launchers_place(request, (fds[0], fds[1]))
+        signal.signal(signal.SIGTERM, _STARTING_SIGTERM)
+        send_message(control, {"event": "forked", "pid": os.getpid()})
+        control.close()
+        threading.Thread(target=_end_with_launcher, args=(launcher_pidfd,), daemon=True).start()
+        module, function = request["call"].split(":")
+        sys.argv = [module, *request["argv"]]
+        getattr(importlib.import_module(module), function)(request["argv"])
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        flush_and_exit(code)
+
+
+def _end_with_launcher(launcher_pidfd: int) -> None:
+    select.select([launcher_pidfd], [], [])
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _answer(listener: socket.socket) -> None:
-    """One launcher's request: fork a fork server for it, or refuse (it then starts one of its own)."""
+    """One launcher's request: fork a fork server or a call for it, or refuse (it then starts its own process)."""
     connection, _ = listener.accept()
     with connection:
-        message, fds = _receive(connection, max_fds=2)
-        if message is None or len(fds) != 2:
+        message, fds = receive_message(connection, max_fds=3)
+        wanted = 3 if message is not None and "call" in message else 2
+        if message is None or len(fds) != wanted:
             for fd in fds:
                 os.close(fd)
             return
-        log_fd, launcher_pidfd = fds
+        *given, launcher_pidfd = fds
         if (message["python"], message["prefix"]) != (sys.executable, sys.prefix):
-            _send(connection, {"event": "refused", "reason": f"another interpreter: {message['python']}"})
+            send_message(connection, {"event": "refused", "reason": f"another interpreter: {message['python']}"})
         elif (pid := os.fork()) == 0:
             listener.close()
-            _become_fork_server(connection, message, log_fd, launcher_pidfd)
+            if "call" in message:
+                _become_call(connection, message, given, launcher_pidfd)
+            _become_fork_server(connection, message, given[0], launcher_pidfd)
         else:
-            _FORKS[pid] = "fork server"
-        os.close(log_fd)
-        os.close(launcher_pidfd)
+            _FORKS[pid] = message.get("call", "fork server")
+        for fd in fds:
+            os.close(fd)
 
 
 def main(argv: list[str]) -> None:

@@ -26,6 +26,8 @@ from typing import Any, Literal
 import yaml
 from aiohttp import web
 
+from nemo_tau2.gym.fork_protocol import call_in_template
+from nemo_tau2.gym.fork_template import fork_template_path
 from nemo_tau2.processes import child_environment, die_with_parent
 from nemo_tau2.testing.config import FakeServerConfig
 from nemo_tau2.testing.engine import FakeEngine
@@ -187,13 +189,23 @@ def _start_thread(engine: FakeEngine, config: FakeServerConfig, startup_timeout_
     return ThreadHandle(running.root_url, engine, loop, stop)
 
 
+_MODULE = "nemo_tau2.testing.fake_server"  # this module's name also where it runs as ``__main__``
+
+
 def _start_subprocess(config: FakeServerConfig, startup_timeout_s: float, log_file: Path | None) -> RemoteHandle:
-    command = [sys.executable, "-m", "nemo_tau2.testing.fake_server", "--config-json", config.model_dump_json()]
-    with open(log_file, "ab") if log_file is not None else contextlib.nullcontext() as stderr:
-        process = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=child_environment(),
-            preexec_fn=die_with_parent,
-        )  # fmt: skip
+    """``python -m nemo_tau2.testing.fake_server``, or, where a fork template serves this process (a test session's,
+    ``nemo_tau2/gym/fork_template.py``), the same ``main`` called in a fork of it: its imports done (~1 CPU-s a start,
+    ~120 starts a CI run), the same server, stdout and log. Either way without the secrets' variables: it calls no
+    endpoint."""
+    argv, env = ["--config-json", config.model_dump_json()], child_environment(drop_secret_names=True)
+    template = fork_template_path()
+    process = call_in_template(template, f"{_MODULE}:main", argv, env, log_file) if template else None
+    if process is None:
+        with open(log_file, "ab") if log_file is not None else contextlib.nullcontext() as stderr:
+            process = subprocess.Popen(
+                [sys.executable, "-m", _MODULE, *argv], stdout=subprocess.PIPE, stderr=stderr, text=True, env=env,
+                preexec_fn=die_with_parent,
+            )  # fmt: skip
     lines: queue.Queue[str] = queue.Queue()
     reader = threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True)
     reader.start()

@@ -16,10 +16,12 @@ import psutil
 import pytest
 import requests
 
-from nemo_tau2.gym.fork_server import ForkServer, TemplateFork, _fork_from_template
+from nemo_tau2.gym.fork_protocol import TemplateFork, fork_from_template
+from nemo_tau2.gym.fork_server import ForkServer
 from nemo_tau2.gym.fork_template import TEMPLATE_ENV, ForkTemplate
 from nemo_tau2.gym.stack import RESOURCES_SERVER_CLASS
 from nemo_tau2.request_guard import RUN_ID_ENV, RUN_ID_HEADER
+from nemo_tau2.testing import start_fake_server
 from tests.process_state import gone
 
 REPO = Path(__file__).resolve().parents[3]
@@ -112,7 +114,9 @@ def test_a_launcher_the_template_cannot_serve_starts_its_own_fork_server(tmp_pat
     try:
         with monkeypatch.context() as patched:
             patched.setattr(sys, "executable", "/usr/bin/python3")
-            assert _fork_from_template(str(template.socket_path), [], {}, tmp_path / "refused.log") is None
+            with open(tmp_path / "refused.log", "ab") as log:
+                request = {"preload": [], "env": {}}
+                assert fork_from_template(str(template.socket_path), request, [log.fileno()]) is None
         forked = ForkServer([RESOURCES_SERVER_CLASS], tmp_path / "forked.log", template=str(template.socket_path))
         try:
             assert isinstance(forked.process, TemplateFork)
@@ -130,3 +134,50 @@ def test_a_launcher_the_template_cannot_serve_starts_its_own_fork_server(tmp_pat
         assert own.preload_s > 1.0
     finally:
         own.stop()
+
+
+# a launcher of a fake server in a process of its own (the `fake` generation backend's way): it prints the server's
+# pid and URL, then waits to be killed
+FAKE_LAUNCHER = textwrap.dedent(
+    """
+    import json, sys, time
+    from nemo_tau2.testing import start_fake_server
+
+    fake = start_fake_server(mode="subprocess", log_file=sys.argv[1])
+    print(json.dumps({"pid": fake.pid, "url": fake.root_url}), flush=True)
+    time.sleep(600)
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["template", "own interpreter"])
+def test_a_fake_server_subprocess_is_a_fork_of_the_template_that_serves_logs_and_ends_with_its_launcher(
+    template, tmp_path, monkeypatch, mode
+):
+    """``start_fake_server(mode="subprocess")`` where a template serves the launcher: a fork of the template (its
+    parent) calls the fake server's ``main``, its imports done; it serves at the URL it printed, its log is the
+    launcher's file, ``close()`` ends it, and so does the launcher's end. Without a template: an interpreter of its
+    own, the launcher its parent, the same in every other way."""
+    socket_path = str(template.socket_path) if mode == "template" else ""
+    monkeypatch.setenv(TEMPLATE_ENV, socket_path)
+    with start_fake_server(mode="subprocess") as fake:
+        expected_parent = template.process.pid if mode == "template" else os.getpid()
+        assert psutil.Process(fake.pid).ppid() == expected_parent
+        assert requests.get(f"{fake.root_url}/v1/models", timeout=10).json()["data"][0]["id"] == "fake-model"
+        pid = fake.pid
+    _wait_gone([pid], f"the fake server after close() ({mode})")
+
+    log = tmp_path / "fake.log"
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", FAKE_LAUNCHER, str(log)], cwd=tmp_path, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        started = json.loads(launcher.stdout.readline())
+        expected_parent = template.process.pid if mode == "template" else launcher.pid
+        assert psutil.Process(started["pid"]).ppid() == expected_parent
+        assert requests.get(f"{started['url']}/health", timeout=10).status_code == 200
+        assert f"fake server (pid {started['pid']}) serving at {started['url']}" in log.read_text()
+    finally:
+        launcher.kill()
+        launcher.wait()
+    _wait_gone([started["pid"]], f"the fake server after its launcher was killed ({mode})")
