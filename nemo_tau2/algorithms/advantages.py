@@ -15,29 +15,10 @@ std_g is the spread of the whole group (NeMo-RL's ``calculate_baseline_and_std_p
 """
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from nemo_tau2.algorithms.loss_config import AdvantageConfig
 
 STD_EPSILON = 1e-6
-
-
-class AdvantageConfig(BaseModel):
-    """How rewards become advantages (NeMo-RL ``grpo.*`` keys)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    use_leave_one_out_baseline: bool = Field(
-        default=True, description="Baseline = mean reward of the other episodes of the group (RLOO)."
-    )
-    normalize_rewards: bool = Field(default=True, description="Divide advantages by the group's reward std.")
-    advantage_clip_low: float | None = Field(default=None, description="Lower bound on advantages; None = none.")
-    advantage_clip_high: float | None = Field(default=None, description="Upper bound on advantages; None = none.")
-
-    @model_validator(mode="after")
-    def _clip_bounds_ordered(self) -> "AdvantageConfig":
-        low, high = self.advantage_clip_low, self.advantage_clip_high
-        if low is not None and high is not None and low >= high:
-            raise ValueError(f"advantage_clip_low ({low}) must be below advantage_clip_high ({high})")
-        return self
 
 
 def _check_shapes(rewards: torch.Tensor, group_ids: torch.Tensor, valid_mask: torch.Tensor | None) -> None:

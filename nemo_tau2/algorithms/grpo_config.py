@@ -8,9 +8,8 @@ user's own endpoint), ``env.nemo_gym`` (the tau2 Gym servers), ``data`` (train a
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from nemo_tau2.algorithms.advantages import AdvantageConfig
 from nemo_tau2.algorithms.curriculum import CurriculumConfig
-from nemo_tau2.algorithms.loss import ClippedPGLossConfig
+from nemo_tau2.algorithms.loss_config import AdvantageConfig, ClippedPGLossConfig
 from nemo_tau2.algorithms.reward_shaping import RewardShapingConfig
 from nemo_tau2.algorithms.sampling import SamplingConfig
 from nemo_tau2.algorithms.tiny_policy import TinyPolicyConfig
@@ -18,8 +17,7 @@ from nemo_tau2.algorithms.train_rollouts import SaveRollouts
 from nemo_tau2.cluster import ClusterConfig
 from nemo_tau2.generation.validation import GymGenerationConfig
 from nemo_tau2.gym.episode_config import CLUSTER_FOR_REPLICAS, NemoGymEnvConfig, UserSimulatorConfig
-from nemo_tau2.models.policy.checkpoint import CheckpointingConfig
-from nemo_tau2.models.policy.config import PolicyConfig
+from nemo_tau2.models.policy.config import CheckpointingConfig, PolicyConfig
 from nemo_tau2.tau2_env import ALL_DOMAINS, training_domain_problem
 from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
 from nemo_tau2.utils.metrics_logger import LoggerConfig

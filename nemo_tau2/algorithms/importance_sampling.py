@@ -17,11 +17,10 @@ https://yingru.notion.site/When-Speed-Kills-Stability-Demystifying-RL-Collapse-f
 """
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
-TruncatedImportanceSamplingType = Literal["tis", "icepop", "seq-mask-tis"]
+from nemo_tau2.algorithms.loss_config import TruncatedImportanceSamplingType
 
 
 @dataclass

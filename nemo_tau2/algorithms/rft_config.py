@@ -23,7 +23,7 @@ from nemo_tau2.algorithms.sft_data import TEST_SPLIT
 from nemo_tau2.algorithms.tiny_policy import TinyPolicyConfig
 from nemo_tau2.cluster import ClusterConfig
 from nemo_tau2.evals.config import UserSimulatorConfig
-from nemo_tau2.models.policy.checkpoint import CheckpointingConfig
+from nemo_tau2.models.policy.config import CheckpointingConfig
 from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
 
 

@@ -13,7 +13,7 @@ from nemo_tau2.algorithms.grpo_config import GRPOEnvConfig, GRPOPolicyConfig, Lo
 from nemo_tau2.algorithms.tiny_policy import TinyPolicyConfig
 from nemo_tau2.cluster import ClusterConfig
 from nemo_tau2.evals.config import UserSimulatorConfig
-from nemo_tau2.models.policy.checkpoint import CheckpointingConfig
+from nemo_tau2.models.policy.config import CheckpointingConfig
 from nemo_tau2.tau2_env import ALL_DOMAINS, training_domain_problem
 from nemo_tau2.tau2_release.config import Tau2ReleaseConfig
 

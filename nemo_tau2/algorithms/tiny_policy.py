@@ -3,10 +3,12 @@ plan sizes before the model exists. Building and warm-starting it against the sc
 scaffolding: :mod:`nemo_tau2.testing.warm_start`.
 """
 
-from pydantic import BaseModel, ConfigDict, Field
-from transformers import LlamaConfig, PreTrainedTokenizerFast
+from typing import TYPE_CHECKING
 
-from nemo_tau2.generation.tiny_model import build_tiny_tokenizer
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:  # transformers is imported where an architecture is built, not where a config is read
+    from transformers import LlamaConfig, PreTrainedTokenizerFast
 
 
 class TinyPolicyConfig(BaseModel):
@@ -27,8 +29,14 @@ class TinyPolicyConfig(BaseModel):
     learning_rate: float = Field(default=3e-3, gt=0)
 
 
-def tiny_policy_architecture(cfg: TinyPolicyConfig, tokenizer: PreTrainedTokenizerFast | None = None) -> LlamaConfig:
+def tiny_policy_architecture(
+    cfg: TinyPolicyConfig, tokenizer: "PreTrainedTokenizerFast | None" = None
+) -> "LlamaConfig":
     """The tiny policy's Llama config (what the memory plan sizes before the model is built)."""
+    from transformers import LlamaConfig
+
+    from nemo_tau2.generation.tiny_model import build_tiny_tokenizer
+
     tokenizer = tokenizer or build_tiny_tokenizer()
     return LlamaConfig(
         vocab_size=len(tokenizer),

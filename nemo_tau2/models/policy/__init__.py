@@ -5,39 +5,28 @@ folders); the Megatron backend (``nemo_tau2.models.megatron``) imports them. The
 the backends, :class:`~nemo_tau2.models.policy.lm_policy.Policy`, sits above both and is imported from its module:
 exporting it here would make every import of the shared parts load the torch worker, which loads the Megatron
 worker, which imports the shared parts (a circle).
+
+Each export is imported on first use (PEP 562): reading a run's config (``PolicyConfig``) must not import torch,
+which the checkpoint and data modules do, so that a config is refused in a second rather than after torch's import.
 """
 
-from nemo_tau2.models.policy.checkpoint import (
-    CheckpointingConfig,
-    latest_checkpoint,
-    list_checkpoints,
-    prune_checkpoints,
-    step_dir,
-)
-from nemo_tau2.models.policy.config import (
-    DTensorConfig,
-    OptimizerConfig,
-    PolicyConfig,
-    SchedulerConfig,
-    SequencePackingConfig,
-)
-from nemo_tau2.models.policy.data import TrainingBatch, TrainingSequence, collate, sequence_from_message_log
-from nemo_tau2.models.policy.interfaces import LossFunction
+import importlib
 
-__all__ = [
-    "CheckpointingConfig",
-    "DTensorConfig",
-    "LossFunction",
-    "OptimizerConfig",
-    "PolicyConfig",
-    "SchedulerConfig",
-    "SequencePackingConfig",
-    "TrainingBatch",
-    "TrainingSequence",
-    "collate",
-    "latest_checkpoint",
-    "list_checkpoints",
-    "prune_checkpoints",
-    "sequence_from_message_log",
-    "step_dir",
-]
+_EXPORTS = {
+    **dict.fromkeys(["latest_checkpoint", "list_checkpoints", "prune_checkpoints", "step_dir"], "checkpoint"),
+    **dict.fromkeys(
+        ["CheckpointingConfig", "DTensorConfig", "OptimizerConfig", "PolicyConfig", "SchedulerConfig"], "config"
+    ),
+    "SequencePackingConfig": "config",
+    **dict.fromkeys(["TrainingBatch", "TrainingSequence", "collate", "sequence_from_message_log"], "data"),
+    "LossFunction": "interfaces",
+}
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = sorted(_EXPORTS)

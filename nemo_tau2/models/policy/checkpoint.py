@@ -36,7 +36,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
-from pydantic import BaseModel, ConfigDict, Field
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -52,17 +51,6 @@ HF_CONFIG_DIR = "hf_config"
 RNG_FILE = "rng_state.pt"
 TRAINER_STATE_FILE = "trainer_state.json"
 _STEP_RE = re.compile(r"^step_(\d+)$")
-
-
-class CheckpointingConfig(BaseModel):
-    """``checkpointing`` (NeMo-RL keys); only the most recent ``keep_top_k`` are kept (no metric ranking)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    enabled: bool = True
-    checkpoint_dir: str = Field(default="results/grpo", description="Holds one step_<N> directory per checkpoint.")
-    save_period: int = Field(default=10, ge=1, description="Save every this many steps.")
-    keep_top_k: int | None = Field(default=3, ge=1, description="Keep the last K checkpoints; null keeps all.")
 
 
 def step_dir(checkpoint_dir: str | Path, step: int) -> Path:

@@ -346,3 +346,14 @@ class PolicyConfig(_Strict):
         if milestones != sorted(milestones) or any(m <= 0 for m in milestones):
             raise ValueError(f"policy.scheduler: milestones must be positive and increasing, got {milestones}")
         return schedulers, milestones
+
+
+class CheckpointingConfig(BaseModel):
+    """``checkpointing`` (NeMo-RL keys); only the most recent ``keep_top_k`` are kept (no metric ranking)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    checkpoint_dir: str = Field(default="results/grpo", description="Holds one step_<N> directory per checkpoint.")
+    save_period: int = Field(default=10, ge=1, description="Save every this many steps.")
+    keep_top_k: int | None = Field(default=3, ge=1, description="Keep the last K checkpoints; null keeps all.")

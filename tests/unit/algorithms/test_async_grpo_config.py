@@ -3,6 +3,7 @@
 and generation in its own process, with or without in-flight weight updates."""
 
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 
@@ -131,3 +132,26 @@ def test_run_grpo_exits_2_with_the_line(monkeypatch, capsys, tmp_path, overrides
     assert header == "error: invalid GRPOMasterConfig config:" and len(problems) == 1, err
     assert message in problems[0] and "Traceback" not in err
     assert not (tmp_path / "logs").exists()
+
+
+def test_a_config_is_read_and_refused_before_torch_is_imported():
+    """The training configs (GRPO's, SFT's, RFT's, the policy's) import neither torch nor transformers, so a wrong key
+    is refused in about a second (it took ~6 CPU-s of torch's and transformers' import before the line came)."""
+    configs = [f"nemo_tau2.algorithms.{name}_config" for name in ("grpo", "sft", "rft")]
+    probe = (
+        f"import sys, {', '.join(configs)}, nemo_tau2.models.policy as policy; policy.PolicyConfig; "
+        "policy.CheckpointingConfig; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    )
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout == "[]\n"
+    configs_dir = EXAMPLES / "configs"
+    for script, config, typo in (
+        ("run_grpo.py", SMOKE, "grpo.max_num_stepz=3"),
+        ("run_sft.py", configs_dir / "sft_tau2_cpu_smoke.yaml", "sft.max_num_stepz=3"),
+        ("run_rft.py", configs_dir / "rft_tau2_cpu_smoke.yaml", "rft.num_roundz=1"),
+    ):
+        command = [sys.executable, "-X", "importtime", str(EXAMPLES / script), "--config", str(config), typo]
+        run = subprocess.run(command, capture_output=True, text=True)
+        lines = run.stderr.splitlines()
+        imported = {line.rsplit("|", 1)[-1].strip() for line in lines if line.startswith("import time")}
+        assert run.returncode == 2 and typo.split("=")[0] in run.stderr, run.stderr[-500:]
+        assert not {"torch", "transformers"} & imported, f"{script} imported torch or transformers to refuse a key"
