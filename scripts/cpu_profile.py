@@ -11,8 +11,8 @@ minutes. Every process counts, the command's or not, so the box should be quiet.
 
 The report: CPU-s by kind of process (the rules below, first match), the box's idle share minute by minute and, with
 the module times tests/module_times.py writes, the idle share while each test module ran: the modules that wait
-rather than compute. A run of the suite is two workers on two cores, so its wall time falls only by cutting CPU or
-filling the idle share. The last line is JSON.
+rather than compute. A run of the suite is three workers on two cores, so its wall time falls only by cutting CPU or
+filling the idle share (three fill what two left idle). The last line is JSON.
 """
 
 import argparse

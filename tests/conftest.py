@@ -26,7 +26,7 @@ UNIT = Path(__file__).resolve().parent / "unit"
 pytest_plugins = ["tests.module_times"]
 
 # OpenMP threads (torch's, vLLM CPU's) that finish a parallel region sleep at once instead of spinning for the next:
-# the suite runs two workers, each with training, engine and server processes, on a box of two cores, where a
+# the suite runs three workers, each with training, engine and server processes, on a box of two cores, where a
 # spinning thread only takes the core from a process that has work. Measured on the GRPO loop and SFT/RFT modules
 # (two workers): 437 s against 487 s, 13% less user CPU. Inherited by every process the tests start.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -237,7 +237,7 @@ def fork_template(tmp_path_factory):
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's, which NeMo-Gym 0.7.0's environment has not
 def pytest_xdist_make_scheduler(config, log):
-    """The suite's layout on pytest-xdist's workers (``-n 2 --dist loadgroup`` in pyproject.toml): each module is
+    """The suite's layout on pytest-xdist's workers (``-n 3 --dist loadgroup`` in pyproject.toml): each module is
     one group, run whole on one worker, so its module fixtures (a Gym stack, a Ray cluster, a vLLM server) start
     once; the vLLM modules share a group; a package in ``SHARED_FIXTURE_PACKAGES`` is one group.
 
