@@ -39,8 +39,9 @@ class TemplateFork:
     launcher uses of a ``subprocess.Popen`` (``stdout``: the read end of its stdout, where the launcher asked for one).
     """
 
-    def __init__(self, pid: int, control: socket.socket, stdout: IO[str] | None = None):
-        self.pid, self.control, self.stdout, self.returncode = pid, control, stdout, None
+    def __init__(self, pid: int, control: socket.socket):
+        self.pid, self.control, self.returncode = pid, control, None
+        self.stdout: IO[str] | None = None
         self._pidfd = os.pidfd_open(pid)
 
     def poll(self) -> int | None:

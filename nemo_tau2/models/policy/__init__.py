@@ -12,15 +12,16 @@ which the checkpoint and data modules do, so that a config is refused in a secon
 
 import importlib
 
-_EXPORTS = {
-    **dict.fromkeys(["latest_checkpoint", "list_checkpoints", "prune_checkpoints", "step_dir"], "checkpoint"),
-    **dict.fromkeys(
-        ["CheckpointingConfig", "DTensorConfig", "OptimizerConfig", "PolicyConfig", "SchedulerConfig"], "config"
+_NAMES_BY_MODULE = {
+    "checkpoint": ("latest_checkpoint", "list_checkpoints", "prune_checkpoints", "step_dir"),
+    "config": (
+        "CheckpointingConfig", "DTensorConfig", "OptimizerConfig", "PolicyConfig", "SchedulerConfig",
+        "SequencePackingConfig",
     ),
-    "SequencePackingConfig": "config",
-    **dict.fromkeys(["TrainingBatch", "TrainingSequence", "collate", "sequence_from_message_log"], "data"),
-    "LossFunction": "interfaces",
-}
+    "data": ("TrainingBatch", "TrainingSequence", "collate", "sequence_from_message_log"),
+    "interfaces": ("LossFunction",),
+}  # fmt: skip
+_EXPORTS = {name: module for module, names in _NAMES_BY_MODULE.items() for name in names}
 
 
 def __getattr__(name: str):
