@@ -6,6 +6,7 @@ meaningless. One Ray instance serves the module; each Policy's actors are its ma
 """
 
 import copy
+import os
 
 import pytest
 import ray
@@ -56,6 +57,16 @@ def two_ranks(tiny, ray_cluster):
 
 def shards(policy: Policy) -> list[dict[str, torch.Tensor]]:
     return policy._workers.run("local_state_dict", [()] * policy._workers.world_size)
+
+
+def _niceness(_worker) -> int:
+    return os.nice(0)
+
+
+def test_the_ranks_run_at_the_drivers_priority(two_ranks):
+    """Ray's default (nice 15) starves the ranks beside any busy process: nemo_tau2 sets RAY_worker_niceness=0."""
+    actors = two_ranks._workers.actors
+    assert ray.get([actor.__ray_call__.remote(_niceness) for actor in actors]) == [os.nice(0)] * len(actors)
 
 
 def test_two_fsdp_ranks_give_the_update_of_one_unsharded_process(tiny, two_ranks):
