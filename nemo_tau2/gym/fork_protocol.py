@@ -10,6 +10,7 @@ the request, as ``PR_SET_PDEATHSIG`` ends a fresh child). Where the template can
 interpreter), the launcher gets ``None`` and starts the process as it would without a template.
 """
 
+import contextlib
 import json
 import os
 import select
@@ -35,20 +36,34 @@ def receive_message(sock: socket.socket, max_fds: int = 0) -> tuple[dict | None,
 
 class TemplateFork:
     """A process forked by a fork template: the template's child, not this process's, so its end is read from a
-    pidfd and its exit code is the template's to reap (and log): ``returncode`` is 0 once it has ended. What a
-    launcher uses of a ``subprocess.Popen`` (``stdout``: the read end of its stdout, where the launcher asked for one).
+    pidfd and the template reaps it. ``returncode``, once it has ended: a call's (``call_in_template``) says its exit
+    code on the control socket as it exits; one that ended without saying was ended by a signal (``-signum`` of the
+    last one sent from here, else ``-SIGKILL``); a fork server's is 0. What a launcher uses of a ``subprocess.Popen``
+    (``stdout``: the read end of its stdout, where the launcher asked for one).
     """
 
     def __init__(self, pid: int, control: socket.socket):
         self.pid, self.control, self.returncode = pid, control, None
         self.stdout: IO[str] | None = None
+        self.reports_exit = False  # a call's fork says its exit code before it ends
         self._pidfd = os.pidfd_open(pid)
+        self._last_signal: int | None = None
 
     def poll(self) -> int | None:
         if self.returncode is None and select.select([self._pidfd], [], [], 0)[0]:
-            self.returncode = 0
+            self.returncode = self._exit_code() if self.reports_exit else 0
             os.close(self._pidfd)
         return self.returncode
+
+    def _exit_code(self) -> int:
+        said = None
+        with contextlib.suppress(OSError):
+            if select.select([self.control], [], [], 0)[0]:
+                said = receive_message(self.control)[0]
+        self.control.close()
+        if said and said.get("event") == "exited":
+            return int(said["code"])
+        return -(self._last_signal or signal.SIGKILL)
 
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is None and not select.select([self._pidfd], [], [], timeout)[0]:
@@ -57,6 +72,7 @@ class TemplateFork:
 
     def send_signal(self, signum: int) -> None:
         if self.poll() is None:  # a pidfd's signal never reaches a reused pid
+            self._last_signal = signum
             signal.pidfd_send_signal(self._pidfd, signum)
 
     def terminate(self) -> None:
@@ -102,6 +118,6 @@ def call_in_template(
     if forked is None:
         os.close(read_end)
         return None
-    forked.control.close()  # nothing more to say: the call's end is read from its pidfd
+    forked.reports_exit = True  # the control socket's one message more: the call's exit code
     forked.stdout = open(read_end, encoding="utf-8")  # noqa: SIM115  (the handle's, as a Popen's stdout is)
     return forked

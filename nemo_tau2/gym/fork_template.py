@@ -117,14 +117,13 @@ def _become_fork_server(control: socket.socket, request: dict, log_fd: int, laun
 
 def _become_call(control: socket.socket, request: dict, fds: list[int], launcher_pidfd: int) -> None:
     """In the forked child: take the launcher's environment and folder, its stdout pipe and stderr, then call
-    ``request["call"]`` (``module:function``) with ``request["argv"]``, as ``python -m module argv`` would have run.
-    The launcher's end ends it (SIGTERM, as ``PR_SET_PDEATHSIG`` would)."""
+    ``request["call"]`` (``module:function``) with ``request["argv"]``, as ``python -m module argv`` would have run,
+    and say its exit code on ``control``. The launcher's end ends it (SIGTERM, as ``PR_SET_PDEATHSIG`` would)."""
     code = 1
     try:
         _take_the_launchers_place(request, (fds[0], fds[1]))
         signal.signal(signal.SIGTERM, _STARTING_SIGTERM)
         send_message(control, {"event": "forked", "pid": os.getpid()})
-        control.close()
         threading.Thread(target=_end_with_launcher, args=(launcher_pidfd,), daemon=True).start()
         module, function = request["call"].split(":")
         sys.argv = [module, *request["argv"]]
@@ -139,6 +138,8 @@ def _become_call(control: socket.socket, request: dict, fds: list[int], launcher
 
         traceback.print_exc()
     finally:
+        with contextlib.suppress(OSError):  # the launcher's exit code: the template reaps this process, not it
+            send_message(control, {"event": "exited", "code": code})
         flush_and_exit(code)
 
 

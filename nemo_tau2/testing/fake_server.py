@@ -207,7 +207,8 @@ def _start_subprocess(config: FakeServerConfig, startup_timeout_s: float, log_fi
                 preexec_fn=die_with_parent,
             )  # fmt: skip
     lines: queue.Queue[str] = queue.Queue()
-    reader = threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True)
+    # "" at the end of its stdout: a server that ended before its ready line is reported at once, not at the timeout
+    reader = threading.Thread(target=lambda: [*map(lines.put, process.stdout), lines.put("")], daemon=True)
     reader.start()
 
     def stop() -> None:
@@ -227,8 +228,12 @@ def _start_subprocess(config: FakeServerConfig, startup_timeout_s: float, log_fi
         stop()
         raise TimeoutError(f"the fake server subprocess did not start within {startup_timeout_s} s") from None
     if not line.startswith(READY_LINE_PREFIX):
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=SHUTDOWN_TIMEOUT_S)  # ending on its own: its exit code, not our signal's
         stop()
-        raise RuntimeError(f"the fake server subprocess failed to start (exit code {process.returncode}): {line!r}")
+        said = f"it printed {line!r}" if line else "it printed nothing"
+        log = f"; its log: {log_file}" if log_file is not None else ""
+        raise RuntimeError(f"the fake server subprocess failed to start (exit code {process.returncode}): {said}{log}")
     return RemoteHandle(line.removeprefix(READY_LINE_PREFIX).strip().removesuffix("/v1"), stop, process.pid)
 
 

@@ -6,6 +6,7 @@ interpreter) the launcher starts a fork server of its own, as a user's run alway
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -181,3 +182,23 @@ def test_a_fake_server_subprocess_is_a_fork_of_the_template_that_serves_logs_and
         launcher.kill()
         launcher.wait()
     _wait_gone([started["pid"]], f"the fake server after its launcher was killed ({mode})")
+
+
+@pytest.mark.parametrize("mode", ["template", "own interpreter"])
+def test_a_fake_server_that_cannot_listen_is_reported_at_once_with_its_exit_code_and_log(
+    template, tmp_path, monkeypatch, mode
+):
+    """A fake server subprocess that ends before its ready line (here: its port is taken) is reported as soon as its
+    stdout ends, with the exit code it ended with (a fork of the template says it: the template, not the launcher,
+    reaps it) and where its log is; the traceback is in that log."""
+    monkeypatch.setenv(TEMPLATE_ENV, str(template.socket_path) if mode == "template" else "")
+    log = tmp_path / "fake.log"
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        started = time.monotonic()
+        with pytest.raises(RuntimeError) as failed:
+            start_fake_server(mode="subprocess", port=taken.getsockname()[1], log_file=log, startup_timeout_s=60)
+    assert time.monotonic() - started < 30  # not the start-up timeout
+    assert str(failed.value) == (
+        f"the fake server subprocess failed to start (exit code 1): it printed nothing; its log: {log}"
+    )
+    assert "address already in use" in log.read_text().lower()
