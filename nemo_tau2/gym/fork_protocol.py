@@ -42,10 +42,10 @@ class TemplateFork:
     (``stdout``: the read end of its stdout, where the launcher asked for one).
     """
 
-    def __init__(self, pid: int, control: socket.socket):
+    def __init__(self, pid: int, control: socket.socket, reports_exit: bool):
         self.pid, self.control, self.returncode = pid, control, None
         self.stdout: IO[str] | None = None
-        self.reports_exit = False  # a call's fork says its exit code before it ends
+        self.reports_exit = reports_exit  # a call's fork says its exit code before it ends
         self._pidfd = os.pidfd_open(pid)
         self._last_signal: int | None = None
 
@@ -96,7 +96,7 @@ def fork_from_template(path: str, request: dict, fds: list[int]) -> TemplateFork
             os.close(launcher)
         message = receive_message(control)[0] if select.select([control], [], [], _TEMPLATE_WAIT_S)[0] else None
         if message and message.get("event") == "forked":
-            return TemplateFork(message["pid"], control)
+            return TemplateFork(message["pid"], control, reports_exit="call" in request)
     except OSError:
         pass
     control.close()
@@ -118,6 +118,5 @@ def call_in_template(
     if forked is None:
         os.close(read_end)
         return None
-    forked.reports_exit = True  # the control socket's one message more: the call's exit code
     forked.stdout = open(read_end, encoding="utf-8")  # noqa: SIM115  (the handle's, as a Popen's stdout is)
     return forked
