@@ -5,6 +5,7 @@ import ctypes
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -89,8 +90,28 @@ def child_environment(
 
 
 def wait_for_listener(socket_path: Path, process: subprocess.Popen, timeout_s: float = 30.0) -> None:
-    """Until ``process`` has bound ``socket_path`` (or ended, or ``timeout_s`` passed): a template listens before it
-    imports, so requesters that come after this queue on it rather than start their own."""
+    """Until ``process`` listens at ``socket_path`` (or ended, or ``timeout_s`` passed): a template listens before it
+    imports (:func:`listening_socket`), so requesters that come after this queue on it rather than start their own."""
     deadline = time.monotonic() + timeout_s
     while not socket_path.exists() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
+
+
+def listening_socket(socket_path: str | Path, backlog: int = 64) -> socket.socket:
+    """A ``SOCK_SEQPACKET`` listener that appears at ``socket_path`` only once it accepts, its owner's alone: bound
+    at a name of its own beside it (mode 0600 from the start), listening, then renamed into place. A requester that
+    sees the path (:func:`wait_for_listener`) is queued, never refused; bound in place, a requester on a loaded box
+    met the moment between ``bind`` and ``listen`` (~1 in 100 starts) and started its own process instead.
+    (The tau2 release's template, which runs in the release's interpreter, does the same in its own file.)"""
+    path = Path(socket_path)
+    staging = path.with_name(f".{os.getpid()}.sock")  # short: a socket's path has 107 bytes
+    staging.unlink(missing_ok=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    umask = os.umask(0o177)
+    try:
+        listener.bind(str(staging))
+    finally:
+        os.umask(umask)
+    listener.listen(backlog)
+    os.replace(staging, path)
+    return listener

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from nemo_tau2.gym.fork_protocol import receive_message, send_message
 from nemo_tau2.gym.fork_server import _STARTING_SIGTERM, _reap, flush_and_exit, import_server_classes, serve
-from nemo_tau2.processes import child_environment, die_with_parent, wait_for_listener
+from nemo_tau2.processes import child_environment, die_with_parent, listening_socket, wait_for_listener
 
 TEMPLATE_ENV = "NEMO_TAU2_FORK_TEMPLATE"
 _WAKE: tuple[int, int] = (-1, -1)  # the template's self-pipe for SIGCHLD (main)
@@ -179,12 +179,7 @@ def main(argv: list[str]) -> None:
     for fd in _WAKE:
         os.set_blocking(fd, False)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(socket_path)
-    listener.bind(socket_path)  # before the imports: a launcher that comes early waits for them, queued
-    os.chmod(socket_path, 0o600)
-    listener.listen(64)
+    listener = listening_socket(socket_path)  # before the imports: a launcher that comes early waits, queued
     import warnings
 
     import_server_classes(preload)

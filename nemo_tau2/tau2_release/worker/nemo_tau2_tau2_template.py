@@ -148,6 +148,24 @@ def _send(connection: socket.socket, message: dict) -> None:
         connection.send(json.dumps(message).encode())
 
 
+def _listening_socket(socket_path: str) -> socket.socket:
+    """The listener, at ``socket_path`` only once it accepts and its owner's alone (``nemo_tau2.processes.
+    listening_socket``'s way, which this interpreter cannot import): bound at a name of its own with mode 0600,
+    listening, then renamed into place, so a requester that sees the path is queued, never refused."""
+    staging = os.path.join(os.path.dirname(socket_path), f".{os.getpid()}.sock")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(staging)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    umask = os.umask(0o177)
+    try:
+        listener.bind(staging)
+    finally:
+        os.umask(umask)
+    listener.listen(64)
+    os.replace(staging, socket_path)
+    return listener
+
+
 def main(socket_path: str) -> None:
     wake_read, wake_write = os.pipe()
     for fd in (wake_read, wake_write):
@@ -155,12 +173,7 @@ def main(socket_path: str) -> None:
     signal.set_wakeup_fd(wake_write)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    if os.path.exists(socket_path):
-        os.unlink(socket_path)
-    listener.bind(socket_path)  # before the imports: a requester that comes early waits for them, queued
-    os.chmod(socket_path, 0o600)
-    listener.listen(64)
+    listener = _listening_socket(socket_path)  # before the imports: a requester that comes early waits, queued
     imported_under = dict(os.environ)
     recorded = _import_recording_environment()
     workers: dict[int, socket.socket] = {}  # pid -> its requester's connection

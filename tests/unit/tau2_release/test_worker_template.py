@@ -37,13 +37,13 @@ def _worker(judge) -> Tau2Worker:
     return Tau2Worker(Tau2ReleaseConfig(version="v1.0.1", python=tau2_v1_python(), judge=judge_config))
 
 
-def test_a_forked_worker_plays_episodes_as_a_started_one(judge, template, monkeypatch):
+def test_a_forked_worker_plays_episodes_as_a_started_one(judge, template, monkeypatch, caplog):
     played = {}
     for how in ("forked", "started"):
         monkeypatch.setenv(TEMPLATE_ENV, str(template.socket_path) if how == "forked" else "")
-        with _worker(judge) as worker:
+        with caplog.at_level(logging.INFO, logger="nemo_tau2.tau2_release.template"), _worker(judge) as worker:
             forked = isinstance(worker._process, ForkedWorkerProcess)
-            assert forked == (how == "forked")
+            assert forked == (how == "forked"), caplog.text  # the template's refusal, if it refused
             if forked:
                 assert _parent_of(worker._process.pid) == template.process.pid
             greeting = worker.request("greeting")
