@@ -127,10 +127,11 @@ def _rewards(path: Path) -> list[float]:
     return [json.loads(line)["reward"] for line in path.read_text().splitlines()]
 
 
-def test_gym_validates_our_configs_and_names_a_missing_user_model():
+def test_gym_validates_our_configs_and_names_a_missing_user_model(tmp_path):
     endpoints = [f"+{role}_{key}=x" for role in ("policy", "user") for key in ("base_url", "api_key", "model_name")]
+    log_dir = f"hydra.run.dir={tmp_path}"  # its log, not outputs/ in the checkout (the configs' paths need ROOT)
     ok = subprocess.run(
-        [str(BIN / "gym"), "env", "validate", *NG_RUN[1:], *endpoints],
+        [str(BIN / "gym"), "env", "validate", *NG_RUN[1:], *endpoints, log_dir],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -138,7 +139,7 @@ def test_gym_validates_our_configs_and_names_a_missing_user_model():
     )
     assert ok.returncode == 0 and "Config is valid" in ok.stdout + ok.stderr, ok.stdout + ok.stderr
     missing = subprocess.run(
-        [str(BIN / "gym"), "env", "validate", *NG_RUN[1:5], *endpoints[:3]],
+        [str(BIN / "gym"), "env", "validate", *NG_RUN[1:5], *endpoints[:3], log_dir],
         capture_output=True,
         text=True,
         cwd=ROOT,

@@ -200,6 +200,7 @@ def _reverify(gym: Path, tmp_path: Path, output: Path, *flags: str) -> list:
         "--inputs", gym / "rollouts_materialized_inputs.jsonl", "--rollouts", gym / "rollouts.jsonl",
         "--output", output, "--disable-aggregation",
         f"+uv_venv_dir={tmp_path / 'venvs'}", "+skip_venv_if_present=true",
+        f"hydra.run.dir={tmp_path / 'hydra'}",  # its log, not outputs/ in the checkout (its cwd: the servers' paths)
     ]  # fmt: skip
 
 
