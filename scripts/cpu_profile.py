@@ -4,10 +4,11 @@
     python scripts/cpu_profile.py --report cpu.json --module-times .pytest_cache/module_times.json
 
 Runs the command and samples every process on the box each ``--every`` seconds: its CPU time so far (user + system)
-and its command line when first seen. A process's CPU is what the last sample saw, so one that lives less than a
-sample's period is missed and one's last second may be: the figures are a floor, good to a few percent on a run of
-minutes. Every process counts, the command's or not, so the box should be quiet. The samples go to ``--out`` every
-30 s and at the end (whole files, replaced).
+and its command line, read again when it execs another program (its name changes: ``bash -c 'cd x && python
+app.py'`` becomes the server it runs, under the same pid, and its CPU is the server's). A process's CPU is what the
+last sample saw, so one that lives less than a sample's period is missed and one's last second may be: the figures
+are a floor, good to a few percent on a run of minutes. Every process counts, the command's or not, so the box
+should be quiet. The samples go to ``--out`` every 30 s and at the end (whole files, replaced).
 
 The report: CPU-s by kind of process (the rules below, first match), the box's idle share minute by minute and, with
 the module times tests/module_times.py writes, the idle share while each test module ran: the modules that wait
@@ -49,8 +50,9 @@ def kind_of(command: str) -> str:
     return next((kind for kind, pattern in KINDS if re.search(pattern, command)), "other")
 
 
-def _processes(tick: int) -> list[tuple[str, float, str]]:
-    """(``pid:starttime``, CPU-s so far, pid) of every process on the box now."""
+def _processes(tick: int) -> list[tuple[str, float, str, str]]:
+    """(``pid:starttime``, CPU-s so far, pid, program name) of every process on the box now; the name changes when
+    the process execs another program."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -59,7 +61,8 @@ def _processes(tick: int) -> list[tuple[str, float, str]]:
         except OSError:  # gone between the listing and the read
             continue
         fields = stat[stat.rfind(")") + 2 :].split()
-        found.append((f"{pid}:{fields[19]}", (int(fields[11]) + int(fields[12])) / tick, pid))
+        name = stat[stat.find("(") + 1 : stat.rfind(")")]
+        found.append((f"{pid}:{fields[19]}", (int(fields[11]) + int(fields[12])) / tick, pid, name))
     return found
 
 
@@ -79,15 +82,17 @@ def sample(command: list[str], out: Path, every_s: float) -> int:
     tick, started = os.sysconf("SC_CLK_TCK"), time.time()
     processes: dict[str, dict] = {}  # "pid:starttime": {command, cpu_s, first_s, last_s}
     idle: list[list[float]] = []  # [seconds from the start, idle share of the box since the sample before]
-    before = {key: cpu for key, cpu, _ in _processes(tick)}  # what ran before the command counts from now on
+    before = {key: cpu for key, cpu, _, _ in _processes(tick)}  # what ran before the command counts from now on
     last_counters, saved = _idle_and_total(), time.monotonic()
     child = subprocess.Popen(command)
     while True:
         now = time.time() - started
-        for key, cpu, pid in _processes(tick):
+        for key, cpu, pid, name in _processes(tick):
             record = processes.setdefault(key, {"command": "", "first_s": now})
-            with contextlib.suppress(OSError):  # gone between the listing and the read: its CPU still counts
-                record["command"] = record["command"] or _command_line(pid)
+            if record.get("name") != name:  # new, or it exec'd: `bash -c 'a && b'` runs b as itself, same pid
+                with contextlib.suppress(OSError):  # gone between the listing and the read: its CPU still counts
+                    record["command"] = _command_line(pid) or record["command"]
+            record["name"] = name
             record |= {"cpu_s": round(cpu - before.get(key, 0.0), 2), "last_s": now}
         counters = _idle_and_total()
         idle.append([round(now, 1), (counters[0] - last_counters[0]) / max(1, counters[1] - last_counters[1])])

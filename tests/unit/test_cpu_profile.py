@@ -49,3 +49,19 @@ def test_bad_arguments_are_one_line_and_exit_2(tmp_path):
     for arguments in (["--report", str(tmp_path / "none.json")], [], ["--", "true"]):
         run = _profile(*arguments)
         assert run.returncode == 2 and run.stdout == "" and run.stderr.count("\n") == 1, (arguments, run.stderr)
+
+
+def test_a_process_that_execs_another_program_is_counted_as_that_program(tmp_path):
+    """``bash -c 'cd x && python app.py'`` (how NeMo-Gym starts a server) is first seen as bash, then runs the server
+    under the same pid: its CPU is the server's, not the shell's (it had been counted as the shell's command)."""
+    out = tmp_path / "cpu.json"
+    probe = f"examples/probe_{tmp_path.name}.py"
+    busy = f"{sys.executable} -c '{BUSY}' {probe}"
+    shell = f"sleep 0.6; cd {tmp_path} && exec {busy}"  # seen as bash for a few samples first
+    run = _profile("--out", str(out), "--every", "0.2", "--", "bash", "-c", shell)
+    assert run.returncode == 3, run.stderr
+    processes = json.loads(out.read_text())["processes"].values()
+    (process,) = [p for p in processes if probe in p["command"] and SCRIPT.name not in p["command"]]
+    assert process["command"].startswith(sys.executable), process  # the program it ran last
+    assert 1 <= process["cpu_s"] <= 2, process
+    assert cpu_profile.kind_of(process["command"]) == "training and eval entry points (examples/)"
