@@ -80,7 +80,7 @@ def _idle_and_total() -> tuple[int, int]:
 def sample(command: list[str], out: Path, every_s: float) -> int:
     """Run ``command``, sampling until it exits; its exit status."""
     tick, started = os.sysconf("SC_CLK_TCK"), time.time()
-    processes: dict[str, dict] = {}  # "pid:starttime": {command, cpu_s, first_s, last_s}
+    processes: dict[str, dict] = {}  # "pid:starttime": {command, name, cpu_s, first_s, last_s}
     idle: list[list[float]] = []  # [seconds from the start, idle share of the box since the sample before]
     before = {key: cpu for key, cpu, _, _ in _processes(tick)}  # what ran before the command counts from now on
     last_counters, saved = _idle_and_total(), time.monotonic()
@@ -92,8 +92,7 @@ def sample(command: list[str], out: Path, every_s: float) -> int:
             if record.get("name") != name:  # new, or it exec'd: `bash -c 'a && b'` runs b as itself, same pid
                 with contextlib.suppress(OSError):  # gone between the listing and the read: its CPU still counts
                     record["command"] = _command_line(pid) or record["command"]
-            record["name"] = name
-            record |= {"cpu_s": round(cpu - before.get(key, 0.0), 2), "last_s": now}
+            record |= {"name": name, "cpu_s": round(cpu - before.get(key, 0.0), 2), "last_s": now}
         counters = _idle_and_total()
         idle.append([round(now, 1), (counters[0] - last_counters[0]) / max(1, counters[1] - last_counters[1])])
         last_counters = counters
